@@ -1,0 +1,67 @@
+"""A `translation` pipeline for transformers 5, which removed the built-in one.
+
+Every saved model directory carries this file and a `custom_pipelines` entry in its config, so
+`pipeline("translation", model=dir, trust_remote_code=True)` works in any process. With the package imported,
+`hf_scratch_transformer.translation_pipeline(model_or_dir)` also accepts a model object.
+This file imports only transformers: it is copied into saved directories for `trust_remote_code=True`.
+"""
+
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig, Pipeline, pipeline
+
+
+class TranslationPipeline(Pipeline):
+    """text or list of texts -> [{"translation_text": ...}] per text.
+
+    Call-time keyword arguments go to `generate()` (`num_beams=4`, `max_new_tokens=64`, ...);
+    `truncation=False` turns off truncation of over-long inputs (the model then raises a clear error).
+    """
+
+    _pipeline_calls_generate = True
+    _load_tokenizer = True
+    _load_processor = False
+    _load_image_processor = False
+    _load_video_processor = False
+    _load_feature_extractor = False
+    # Only fills what the model's own generation_config leaves unset.
+    _default_generation_config = GenerationConfig(max_new_tokens=256)
+
+    def __call__(self, text, **kwargs):
+        results = super().__call__(text, **kwargs)
+        # One translation per input of a list: a flat list of dicts, as the transformers 4 pipeline returned.
+        if isinstance(text, list) and all(len(result) == 1 for result in results):
+            return [result[0] for result in results]
+        return results
+
+    def _sanitize_parameters(self, truncation=None, **generate_kwargs):
+        preprocess_params = {"truncation": truncation} if truncation is not None else {}
+        return preprocess_params, generate_kwargs, {}
+
+    def preprocess(self, text: str, truncation: bool = True):
+        if not isinstance(text, str):
+            raise TypeError(f"The translation pipeline takes a string or a list of strings, got {type(text).__name__}.")
+        return self.tokenizer(text, return_tensors="pt", truncation=truncation)
+
+    def _forward(self, model_inputs, **generate_kwargs):
+        generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
+        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
+
+    def postprocess(self, model_outputs):
+        return [
+            {"translation_text": self.tokenizer.decode(ids, skip_special_tokens=True)}
+            for ids in model_outputs["output_ids"]
+        ]
+
+
+def translation_pipeline(model, tokenizer=None, **kwargs) -> TranslationPipeline:
+    """A TranslationPipeline from a saved directory / hub id or from a model object and its tokenizer.
+
+    Extra keyword arguments (`device`, `batch_size`, ...) go to `transformers.pipeline`.
+    """
+    if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model)
+        model = AutoModelForSeq2SeqLM.from_pretrained(model)
+    if tokenizer is None:
+        raise ValueError("Pass the tokenizer that goes with the model object: translation_pipeline(model, tokenizer).")
+    return pipeline(
+        "translation", model=model, tokenizer=tokenizer, config=model.config, pipeline_class=TranslationPipeline, **kwargs
+    )
