@@ -1,0 +1,69 @@
+"""Shared fixtures: a tiny config, a tiny byte-level BPE tokenizer and a handful of sentence pairs."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # lets test files import the conftest_* helper modules
+
+import hf_scratch_transformer  # noqa: E402  (registers the Auto classes)
+from hf_scratch_transformer import ScratchTransformerConfig  # noqa: E402
+
+PAIRS = [
+    ("In the beginning God created the heavens and the earth.", "En el principio creó Dios los cielos y la tierra."),
+    ("And God said, Let there be light.", "Y dijo Dios: Sea la luz."),
+    ("The earth was without form.", "Y la tierra estaba desordenada."),
+    ("God saw the light, that it was good.", "Y vio Dios que la luz era buena."),
+    ("There was evening and there was morning.", "Y fue la tarde y la mañana."),
+    ("Jesus wept.", "Y lloró Jesús."),
+]
+
+
+def build_tiny_tokenizer(texts, vocab_size=400):
+    """A byte-level BPE wrapped as PreTrainedTokenizerFast, ids <pad>=0 <s>=1 </s>=2 <unk>=3."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", tokenizer.token_to_id("</s>"))]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        model_max_length=64, clean_up_tokenization_spaces=False,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def pairs():
+    return PAIRS
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return build_tiny_tokenizer([text for pair in PAIRS for text in pair])
+
+
+@pytest.fixture
+def tiny_config():
+    """Width 32, 2+2 layers, 4 heads, no dropout: small enough for exact checks in milliseconds."""
+    return ScratchTransformerConfig.from_preset(
+        "tiny", vocab_size=99, d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0,
+        max_position_embeddings=64,
+    )

@@ -1,0 +1,248 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModel, AutoModelForSeq2SeqLM
+
+from hf_scratch_transformer import (
+    ScratchTransformerConfig,
+    ScratchTransformerForConditionalGeneration,
+    ScratchTransformerModel,
+)
+from hf_scratch_transformer.modeling_scratch_transformer import SinusoidalPositionalEncoding, shift_tokens_right
+
+SOURCE = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 12, 2, 0, 0]])
+SOURCE_MASK = (SOURCE != 0).long()
+LABELS = torch.tensor([[13, 14, 15, 2], [16, 2, -100, -100]])
+
+
+def make_model(config, **overrides):
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return ScratchTransformerForConditionalGeneration(config).eval()
+
+
+def matmul_parameters(config):
+    """Parameters of one preset, counted from the paper's architecture (shared embedding = output projection)."""
+    d, fe, fd = config.d_model, config.encoder_ffn_dim, config.decoder_ffn_dim
+    attention = 4 * d * d + 4 * d
+    norm = 2 * d
+    encoder_layer = attention + (2 * d * fe + fe + d) + 2 * norm
+    decoder_layer = 2 * attention + (2 * d * fd + fd + d) + 3 * norm
+    return config.vocab_size * d + config.encoder_layers * encoder_layer + config.decoder_layers * decoder_layer
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "base", "big"])
+def test_each_preset_builds_with_the_expected_size(preset):
+    config = ScratchTransformerConfig.from_preset(preset, vocab_size=1000)
+    with torch.device("meta"):
+        model = ScratchTransformerForConditionalGeneration(config)
+    assert model.num_parameters() == matmul_parameters(config)
+
+
+def test_output_shapes_and_loss(tiny_config):
+    model = make_model(tiny_config)
+    output = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS)
+    assert output.logits.shape == (2, 4, tiny_config.vocab_size)
+    assert output.encoder_last_hidden_state.shape == (2, 6, tiny_config.d_model)
+    expected = F.cross_entropy(output.logits.reshape(-1, tiny_config.vocab_size), LABELS.reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(output.loss, expected)
+    assert math.isclose(output.loss.item(), math.log(tiny_config.vocab_size), rel_tol=0.3)  # untrained: ~uniform
+
+
+def test_decoder_input_is_labels_shifted_right(tiny_config):
+    shifted = shift_tokens_right(LABELS, pad_token_id=0, decoder_start_token_id=1)
+    assert shifted.tolist() == [[1, 13, 14, 15], [1, 16, 2, 0]]
+    model = make_model(tiny_config)
+    with_labels = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS).logits
+    explicit = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, decoder_input_ids=shifted).logits
+    torch.testing.assert_close(with_labels, explicit)
+
+
+def test_sdpa_and_eager_paths_agree(tiny_config):
+    model = make_model(tiny_config)
+    decoder_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    inputs = dict(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS)
+    fast = model(**inputs).logits
+    fast_masked = model(**inputs, decoder_attention_mask=decoder_mask).logits
+    model.config._attn_implementation = "eager"
+    eager = model(**inputs).logits
+    eager_masked = model(**inputs, decoder_attention_mask=decoder_mask).logits
+    torch.testing.assert_close(fast, eager, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast_masked, eager_masked, atol=1e-5, rtol=1e-5)
+    # output_attentions=True takes the eager path under sdpa too
+    model.config._attn_implementation = "sdpa"
+    torch.testing.assert_close(model(**inputs, output_attentions=True).logits, fast, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_changes_no_real_output(tiny_config):
+    model = make_model(tiny_config)
+    reference = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS)
+    changed_source = SOURCE.clone()
+    changed_source[1, 4:] = 42  # garbage in the padded positions, still masked out
+    changed = model(input_ids=changed_source, attention_mask=SOURCE_MASK, labels=LABELS)
+    real = SOURCE_MASK.bool()
+    torch.testing.assert_close(changed.encoder_last_hidden_state[real], reference.encoder_last_hidden_state[real])
+    torch.testing.assert_close(changed.logits, reference.logits)
+    # and the padded sentence alone gives the same logits as inside the batch
+    alone = model(input_ids=SOURCE[1:, :4], labels=LABELS[1:, :2]).logits
+    torch.testing.assert_close(alone, reference.logits[1:, :2], atol=1e-5, rtol=1e-5)
+
+
+def test_future_target_tokens_change_no_earlier_logit(tiny_config):
+    model = make_model(tiny_config)
+    decoder_input_ids = torch.tensor([[1, 20, 21, 22, 23]])
+    reference = model(input_ids=SOURCE[:1], decoder_input_ids=decoder_input_ids).logits
+    for position in range(1, 5):
+        changed_ids = decoder_input_ids.clone()
+        changed_ids[0, position] = 50
+        changed = model(input_ids=SOURCE[:1], decoder_input_ids=changed_ids).logits
+        torch.testing.assert_close(changed[:, :position], reference[:, :position])
+        assert not torch.allclose(changed[:, position:], reference[:, position:])
+
+
+def test_attention_weights_are_returned(tiny_config):
+    model = make_model(tiny_config)
+    output = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS, output_attentions=True)
+    heads, layers = tiny_config.encoder_attention_heads, tiny_config.encoder_layers
+    assert len(output.encoder_attentions) == layers and len(output.cross_attentions) == tiny_config.decoder_layers
+    assert output.encoder_attentions[0].shape == (2, heads, 6, 6)
+    assert output.decoder_attentions[0].shape == (2, heads, 4, 4)
+    assert output.cross_attentions[0].shape == (2, heads, 4, 6)
+    for weights in output.encoder_attentions + output.decoder_attentions + output.cross_attentions:
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+    assert output.cross_attentions[-1][1, :, :, 4:].abs().max() == 0  # source padding gets no weight
+    assert output.decoder_attentions[0][0].triu(1).abs().max() == 0  # nothing attends to the future
+
+
+def test_hidden_states_are_returned(tiny_config):
+    output = make_model(tiny_config)(input_ids=SOURCE, labels=LABELS, output_hidden_states=True)
+    assert len(output.encoder_hidden_states) == tiny_config.encoder_layers + 1
+    assert len(output.decoder_hidden_states) == tiny_config.decoder_layers + 1
+
+
+def test_sinusoidal_encoding_follows_the_paper():
+    table = SinusoidalPositionalEncoding(50, 16).pe
+    position, i = 7, 3
+    angle = position / 10000 ** (2 * i / 16)
+    assert table[position, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+    assert table[position, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+    assert SinusoidalPositionalEncoding(4, 7).pe.shape == (4, 7)  # odd widths work too
+
+
+def test_too_long_input_raises_a_clear_error(tiny_config):
+    model = make_model(tiny_config)
+    too_long = torch.full((1, tiny_config.max_position_embeddings + 1), 5)
+    with pytest.raises(ValueError, match="max_position_embeddings \\(64\\)"):
+        model(input_ids=too_long, decoder_input_ids=torch.tensor([[1]]))
+
+
+def test_post_norm_and_pre_norm(tiny_config):
+    post = make_model(ScratchTransformerConfig(**tiny_config.to_diff_dict()))
+    pre = make_model(tiny_config, normalize_before=True)
+    assert post.model.encoder.layer_norm is None and post.model.decoder.layer_norm is None
+    assert pre.model.encoder.layer_norm is not None and pre.model.decoder.layer_norm is not None
+    pre.load_state_dict(post.state_dict(), strict=False)
+    assert not torch.allclose(pre(input_ids=SOURCE, labels=LABELS).logits, post(input_ids=SOURCE, labels=LABELS).logits)
+    # post-norm: every layer output is normalised
+    hidden = post(input_ids=SOURCE, labels=LABELS, output_hidden_states=True).encoder_hidden_states[1]
+    torch.testing.assert_close(hidden.mean(-1), torch.zeros(hidden.shape[:-1]), atol=1e-5, rtol=0)
+
+
+def test_weight_matrices_are_xavier_uniform():
+    config = ScratchTransformerConfig.from_preset("small", vocab_size=500)
+    model = ScratchTransformerForConditionalGeneration(config)
+    d = config.d_model
+    bound = math.sqrt(6 / (d + d))  # each D x D matrix of a packed projection gets its own Xavier bound
+    qkv = model.model.encoder.layers[0].self_attn.qkv_proj.weight
+    assert qkv.abs().max() <= bound and qkv.abs().max() > 0.95 * bound
+    fc1 = model.model.decoder.layers[0].feed_forward.fc1.weight
+    assert fc1.abs().max() <= math.sqrt(6 / (d + config.decoder_ffn_dim))
+    assert model.model.encoder.layers[0].self_attn.qkv_proj.bias.abs().max() == 0
+    assert model.model.shared.weight[config.pad_token_id].abs().max() == 0
+
+
+def test_embeddings_are_shared_and_tied(tiny_config):
+    model = make_model(tiny_config)
+    shared = model.model.shared
+    assert model.model.encoder.embed_tokens is shared and model.model.decoder.embed_tokens is shared
+    assert model.lm_head.weight is shared.weight
+    assert model.get_input_embeddings() is shared and model.get_output_embeddings() is model.lm_head
+
+
+def test_untied_and_unshared_embeddings(tiny_config, tmp_path):
+    model = make_model(tiny_config, share_encoder_decoder_embeddings=False, tie_word_embeddings=False)
+    assert model.model.encoder.embed_tokens is not model.model.decoder.embed_tokens
+    assert model.lm_head.weight is not model.model.decoder.embed_tokens.weight
+    model.save_pretrained(tmp_path)
+    loaded, info = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    torch.testing.assert_close(loaded.eval()(input_ids=SOURCE, labels=LABELS).logits, model(input_ids=SOURCE, labels=LABELS).logits)
+
+
+def test_resize_token_embeddings_keeps_ties(tiny_config, tmp_path):
+    model = make_model(tiny_config)
+    old_rows = model.model.shared.weight[:99].clone()
+    model.resize_token_embeddings(101, pad_to_multiple_of=8)
+    assert model.config.vocab_size == 104 and model.lm_head.weight.shape == (104, tiny_config.d_model)
+    assert model.lm_head.weight is model.model.shared.weight is model.model.encoder.embed_tokens.weight
+    torch.testing.assert_close(model.model.shared.weight[:99], old_rows)
+    model.save_pretrained(tmp_path)
+    loaded, info = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert loaded.config.vocab_size == 104 and not info["missing_keys"] and not info["unexpected_keys"]
+
+
+def test_save_and_reload_through_auto_classes(tiny_config, tmp_path):
+    model = make_model(tiny_config)
+    model.save_pretrained(tmp_path)
+    names = {path.name for path in tmp_path.iterdir()}
+    assert {"model.safetensors", "config.json", "generation_config.json", "modeling_scratch_transformer.py",
+            "configuration_scratch_transformer.py", "pipeline_translation.py"} <= names
+    loaded, info = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert isinstance(loaded, ScratchTransformerForConditionalGeneration)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    loaded.eval()
+    assert torch.equal(loaded(input_ids=SOURCE, labels=LABELS).logits, model(input_ids=SOURCE, labels=LABELS).logits)
+    assert loaded.lm_head.weight is loaded.model.shared.weight
+    torch.testing.assert_close(loaded.model.decoder.embed_positions.pe, model.model.decoder.embed_positions.pe)
+    base = AutoModel.from_pretrained(tmp_path)
+    assert isinstance(base, ScratchTransformerModel)
+    torch.testing.assert_close(base.shared.weight, model.model.shared.weight)
+
+
+def test_gradient_checkpointing_gives_identical_gradients(tiny_config):
+    model = make_model(tiny_config).train()
+    loss = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS).loss
+    loss.backward()
+    reference = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    model.activation_checkpointing_enable()
+    checkpointed = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS).loss
+    checkpointed.backward()
+    torch.testing.assert_close(checkpointed, loss)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, reference[name], msg=name)
+
+
+def test_tiny_model_overfits_pairs_and_generate_reproduces_them(pairs, tiny_tokenizer):
+    config = ScratchTransformerConfig.from_preset("tiny", vocab_size=len(tiny_tokenizer), dropout=0.0)
+    model = ScratchTransformerForConditionalGeneration(config)
+    sources, targets = zip(*pairs)
+    batch = tiny_tokenizer(list(sources), text_target=list(targets), padding=True, return_tensors="pt")
+    batch["labels"] = batch["labels"].masked_fill(batch["labels"] == tiny_tokenizer.pad_token_id, -100)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(200):
+        loss = model(**batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.05 < losses[0]
+    model.eval()
+    generated = model.generate(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=40,
+        decoder_start_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    assert tiny_tokenizer.batch_decode(generated, skip_special_tokens=True) == list(targets)
