@@ -1,0 +1,749 @@
+"""Training with Accelerate and the paper's recipe; `train.py` is a thin command line over `main()`.
+
+The run: corpus -> joint BPE tokenizer -> tokenised, filtered splits -> model -> Adam + warm-up/inverse-sqrt
+schedule + label smoothing -> periodic validation (loss, BLEU, chrF) and checkpoints -> test BLEU/chrF with greedy
+and beam search -> a Hub-format output directory with a model card -> optionally the hub.
+"""
+
+import json
+import logging
+import math
+import os
+import platform
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import transformers
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch.utils.data import DataLoader
+from transformers import AutoTokenizer, GenerationConfig, HfArgumentParser, get_inverse_sqrt_schedule
+
+from .configuration_scratch_transformer import PRESETS, ScratchTransformerConfig
+from .data import (
+    DataArguments,
+    evaluation_pairs,
+    load_parallel_corpus,
+    make_batch_sampler,
+    make_collator,
+    padding_fraction,
+    preprocess_corpus,
+    sequence_lengths,
+)
+from .evaluation import evaluate_translations, evaluation_loss
+from .modeling_scratch_transformer import ScratchTransformerForConditionalGeneration
+from .tokenization import train_tokenizer_on_corpus
+
+logger = logging.getLogger("hf_scratch_transformer")
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+TRAINER_STATE = "trainer_state.json"
+
+
+class UsageError(Exception):
+    """A mistake in the command line, the corpus or the files given: the message says what to fix."""
+
+
+class TrainingFault(Exception):
+    """The run itself failed (non-finite loss, hub unreachable...): the message says what is kept on disk."""
+
+
+class RunInterrupted(Exception):
+    """SIGINT or SIGTERM arrived; a checkpoint was saved. `exit_code` is 128 + the signal number."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+@dataclass
+class ModelArguments:
+    """Model size: a preset, then per-field overrides."""
+
+    preset: str = field(default="small", metadata={"help": f"Model size preset: {', '.join(PRESETS)}."})
+    d_model: int | None = field(default=None, metadata={"help": "Override the preset's width."})
+    encoder_layers: int | None = field(default=None, metadata={"help": "Override the number of encoder layers."})
+    decoder_layers: int | None = field(default=None, metadata={"help": "Override the number of decoder layers."})
+    attention_heads: int | None = field(default=None, metadata={"help": "Override the heads of every attention."})
+    ffn_dim: int | None = field(default=None, metadata={"help": "Override the feed-forward width of every layer."})
+    dropout: float = field(default=0.1, metadata={"help": "Residual and embedding dropout (P_drop)."})
+    attention_dropout: float = field(default=0.0, metadata={"help": "Dropout on attention weights."})
+    activation_dropout: float = field(default=0.0, metadata={"help": "Dropout after the feed-forward ReLU."})
+    normalize_before: bool = field(default=False, metadata={"help": "Pre-norm instead of the paper's post-norm."})
+    max_position_embeddings: int = field(default=1024, metadata={"help": "Longest sequence the model accepts."})
+
+    def build_config(self, vocab_size: int) -> ScratchTransformerConfig:
+        if self.preset not in PRESETS:
+            raise UsageError(f"unknown --preset {self.preset!r}: choose one of {', '.join(PRESETS)}")
+        overrides = {
+            "d_model": self.d_model, "encoder_layers": self.encoder_layers, "decoder_layers": self.decoder_layers,
+            "encoder_attention_heads": self.attention_heads, "decoder_attention_heads": self.attention_heads,
+            "encoder_ffn_dim": self.ffn_dim, "decoder_ffn_dim": self.ffn_dim,
+        }
+        try:
+            return ScratchTransformerConfig.from_preset(
+                self.preset, vocab_size=vocab_size, dropout=self.dropout, attention_dropout=self.attention_dropout,
+                activation_dropout=self.activation_dropout, normalize_before=self.normalize_before,
+                max_position_embeddings=self.max_position_embeddings,
+                **{key: value for key, value in overrides.items() if value is not None},
+            )
+        except ValueError as error:
+            raise UsageError(f"invalid model size: {error}") from error
+
+
+@dataclass
+class TrainingArguments:
+    """How to train; names follow transformers' Seq2SeqTrainingArguments where they overlap."""
+
+    output_dir: str = field(default="outputs/scratch-transformer-en-es", metadata={"help": "Where the model goes."})
+    overwrite_output_dir: bool = field(default=False, metadata={"help": "Reuse a non-empty output_dir."})
+    num_train_epochs: float = field(default=3.0, metadata={"help": "Epochs over the training split."})
+    max_steps: int = field(default=-1, metadata={"help": "If > 0: optimiser steps to run (overrides epochs)."})
+    learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate, reached after warm-up."})
+    warmup_steps: int = field(default=400, metadata={"help": "Linear warm-up steps, then inverse-sqrt decay."})
+    adam_beta1: float = field(default=0.9, metadata={"help": "Adam β1 (paper: 0.9)."})
+    adam_beta2: float = field(default=0.98, metadata={"help": "Adam β2 (paper: 0.98)."})
+    adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam ε (paper: 1e-9)."})
+    weight_decay: float = field(default=0.0, metadata={"help": "Decoupled weight decay (AdamW) if > 0."})
+    label_smoothing_factor: float = field(default=0.1, metadata={"help": "Label smoothing ε_ls (paper: 0.1)."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0: off)."})
+    per_device_train_batch_size: int = field(default=64, metadata={"help": "Sentences per batch without --max_tokens."})
+    per_device_eval_batch_size: int = field(default=64, metadata={"help": "Sentences per evaluation batch."})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Batches per optimiser step."})
+    seed: int = field(default=42, metadata={"help": "Seed of initialisation, dropout and batch order."})
+    logging_steps: int = field(default=50, metadata={"help": "Log loss, learning rate and tokens/s every N steps."})
+    eval_steps: int = field(default=0, metadata={"help": "Validate every N steps (0: only at the end)."})
+    save_steps: int = field(default=500, metadata={"help": "Checkpoint every N steps (0: only at the end)."})
+    save_total_limit: int = field(default=2, metadata={"help": "Keep only the last N checkpoints."})
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata={"help": "Checkpoint directory, or 'latest' for the newest one in output_dir."}
+    )
+    average_checkpoints: int = field(
+        default=1, metadata={"help": "Final weights = average of the last K checkpoints (fairseq-style); 1: off."}
+    )
+    num_beams: int = field(default=4, metadata={"help": "Beam size of the test evaluation and the saved model."})
+    eval_max_new_tokens: int = field(default=256, metadata={"help": "Longest translation during evaluation."})
+    report_to: str = field(default="tensorboard", metadata={"help": "Accelerate tracker(s), comma-separated, or none."})
+    bf16: bool = field(default=False, metadata={"help": "bf16 mixed precision (GPU, or recent CPUs)."})
+    fp16: bool = field(default=False, metadata={"help": "fp16 mixed precision (GPU)."})
+    torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
+    dataloader_num_workers: int = field(default=0, metadata={"help": "Worker processes for batch collation."})
+    push_to_hub: bool = field(default=False, metadata={"help": "Upload the output directory to the model hub."})
+    hub_model_id: str | None = field(default=None, metadata={"help": "Hub repository (default: output_dir's name)."})
+    hub_strategy: str = field(
+        default="end", metadata={"help": "end | every_save (model at each save) | checkpoint (also last-checkpoint/)."}
+    )
+    hub_token: str | None = field(default=None, metadata={"help": "Hub token (default: HF_TOKEN or stored login)."})
+    hub_private_repo: bool = field(default=False, metadata={"help": "Create the hub repository as private."})
+    debug: bool = field(default=False, metadata={"help": "Show full tracebacks of errors."})
+
+
+# ------------------------------------------------------------------------------------------------ argument checks
+
+
+def parse_arguments(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, TrainingArguments]:
+    """Command-line flags, or a single .json / .yaml file holding them."""
+    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 1 and argv[0].endswith((".json", ".yaml", ".yml")):
+        path = Path(argv[0])
+        if not path.is_file():
+            raise UsageError(f"config file {path} does not exist")
+        try:
+            if path.suffix == ".json":
+                return parser.parse_json_file(str(path), allow_extra_keys=False)
+            return parser.parse_yaml_file(str(path), allow_extra_keys=False)
+        except ValueError as error:
+            raise UsageError(f"{path}: {error}") from error
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
+    """Refuse contradictory or impossible settings before any work is done."""
+    if model_args.preset not in PRESETS:
+        raise UsageError(f"unknown --preset {model_args.preset!r}: choose one of {', '.join(PRESETS)}")
+    if data_args.source_lang == data_args.target_lang:
+        raise UsageError(f"--source_lang and --target_lang are both {data_args.source_lang!r}: give two languages")
+    if args.hub_strategy not in ("end", "every_save", "checkpoint"):
+        raise UsageError(f"--hub_strategy must be end, every_save or checkpoint, not {args.hub_strategy!r}")
+    if args.bf16 and args.fp16:
+        raise UsageError("--bf16 and --fp16 are exclusive: pick one")
+    for name in ("gradient_accumulation_steps", "per_device_train_batch_size", "per_device_eval_batch_size",
+                 "num_beams", "logging_steps", "average_checkpoints"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.learning_rate <= 0:
+        raise UsageError(f"--learning_rate must be positive, got {args.learning_rate}")
+    longest = max(data_args.max_source_length, data_args.max_target_length)
+    if data_args.max_tokens is not None and data_args.max_tokens < longest:
+        raise UsageError(
+            f"--max_tokens {data_args.max_tokens} is smaller than the longest allowed sentence ({longest} tokens): "
+            f"raise --max_tokens or lower --max_source_length/--max_target_length"
+        )
+    if longest + 1 > model_args.max_position_embeddings:
+        raise UsageError(
+            f"--max_source_length/--max_target_length ({longest}) must be below --max_position_embeddings "
+            f"({model_args.max_position_embeddings})"
+        )
+    output_dir = Path(args.output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UsageError(f"--output_dir {output_dir} is a file, not a directory")
+    if (output_dir.is_dir() and any(output_dir.iterdir()) and not args.overwrite_output_dir
+            and not args.resume_from_checkpoint):
+        raise UsageError(
+            f"output directory {output_dir} exists and is not empty: pass --overwrite_output_dir to replace it, "
+            f"--resume_from_checkpoint latest to continue its run, or another --output_dir"
+        )
+
+
+# ------------------------------------------------------------------------------------------------------ checkpoints
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints (`checkpoint-<step>`, never the `.tmp` being written), oldest first."""
+    if not output_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), path) for path in output_dir.iterdir()
+             if path.is_dir() and (m := CHECKPOINT_PATTERN.match(path.name)) and (path / TRAINER_STATE).is_file()]
+    return [path for _, path in sorted(found)]
+
+
+def resolve_checkpoint(value: str, output_dir: Path) -> Path:
+    if value == "latest":
+        checkpoints = list_checkpoints(output_dir)
+        if not checkpoints:
+            raise UsageError(f"--resume_from_checkpoint latest: no complete checkpoint in {output_dir}")
+        return checkpoints[-1]
+    path = Path(value)
+    if not (path / TRAINER_STATE).is_file():
+        raise UsageError(f"--resume_from_checkpoint {path}: not a complete checkpoint (no {TRAINER_STATE})")
+    return path
+
+
+ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+                       "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "normalize_before",
+                       "max_position_embeddings", "share_encoder_decoder_embeddings", "tie_word_embeddings")
+
+
+def check_same_architecture(checkpoint: Path, config: ScratchTransformerConfig) -> None:
+    saved = json.loads((checkpoint / "config.json").read_text())
+    different = [f"{name} {saved.get(name)} -> {getattr(config, name)}" for name in ARCHITECTURE_FIELDS
+                 if saved.get(name) != getattr(config, name)]
+    if different:
+        raise UsageError(
+            f"checkpoint {checkpoint} was made with another model config ({'; '.join(different)}): "
+            f"resume with the same --preset and size flags, or start a new --output_dir"
+        )
+
+
+@dataclass
+class RunState:
+    """Where the run is; saved as JSON in every checkpoint."""
+
+    global_step: int = 0
+    epoch: int = 0
+    batches_done_in_epoch: int = 0
+    train_tokens: int = 0
+    train_seconds: float = 0.0
+    history: list = field(default_factory=list)
+    scheduler: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------------- the run
+
+
+class Run:
+    """One training run: holds what the steps share (accelerator, model, data) and writes the output directory."""
+
+    def __init__(self, model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments,
+                 model_card_template: str | Path | None = None):
+        self.model_args, self.data_args, self.args = model_args, data_args, args
+        self.output_dir = Path(args.output_dir)
+        self.model_card_template = model_card_template
+        self.stop_signal: int | None = None
+        self.last_checkpoint: Path | None = None
+        self.state = RunState()
+        self.started = time.time()
+
+    # -- setup ---------------------------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        args, data_args = self.args, self.data_args
+        check_arguments(self.model_args, data_args, args)
+        trackers = [name.strip() for name in args.report_to.split(",") if name.strip() not in ("", "none")]
+        self.accelerator = Accelerator(
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
+            log_with=trackers or None,
+            project_dir=str(self.output_dir),
+        )
+        self.is_main = self.accelerator.is_main_process
+        self.checkpoint = None
+        if args.resume_from_checkpoint:
+            self.checkpoint = resolve_checkpoint(args.resume_from_checkpoint, self.output_dir)
+        elif args.overwrite_output_dir and self.is_main:
+            for old in self.output_dir.glob("checkpoint-*"):
+                shutil.rmtree(old)
+        set_seed(args.seed)
+
+        raw = load_parallel_corpus(data_args, seed=args.seed)
+        self.tokenizer = self._tokenizer(raw)
+        with self.accelerator.main_process_first():
+            self.datasets, self.filter_report = preprocess_corpus(raw, self.tokenizer, data_args)
+        if len(self.datasets["train"]) == 0:
+            raise UsageError(f"every training pair was filtered out ({self.filter_report['train']}): check the "
+                             f"language keys and --max_source_length/--max_target_length/--max_length_ratio")
+        self.eval_sources, self.eval_references = evaluation_pairs(raw["validation"], data_args)
+        self.test_sources, self.test_references = evaluation_pairs(raw["test"], data_args)
+        if not self.eval_sources:
+            raise UsageError("the validation split has no usable pairs: give --validation_file with pairs in it")
+
+        config = self.model_args.build_config(vocab_size=len(self.tokenizer))
+        if self.checkpoint is not None:
+            check_same_architecture(self.checkpoint, config)
+        self.model = ScratchTransformerForConditionalGeneration(config)
+        self.model.generation_config = self._generation_config()
+        optimizer_class = torch.optim.AdamW if args.weight_decay > 0 else torch.optim.Adam
+        optimizer = optimizer_class(self.model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay,
+                                    betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+        # Stepped by hand once per optimiser step: Accelerate's wrapper would step it once per process.
+        self.scheduler = get_inverse_sqrt_schedule(optimizer, num_warmup_steps=args.warmup_steps)
+        self.train_model = torch.compile(self.model) if args.torch_compile else self.model
+        self.train_model, self.optimizer = self.accelerator.prepare(self.train_model, optimizer)
+        self.collator = make_collator(self.tokenizer)
+        self.sampler = make_batch_sampler(
+            self.datasets["train"], data_args, args.per_device_train_batch_size, shuffle=True, seed=args.seed,
+            num_replicas=self.accelerator.num_processes, rank=self.accelerator.process_index,
+        )
+        self.batches_per_epoch = len(self.sampler)
+        steps_per_epoch = math.ceil(self.batches_per_epoch / args.gradient_accumulation_steps)
+        self.total_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
+        if self.checkpoint is not None:
+            self._load_checkpoint(self.checkpoint)
+        if trackers:
+            self.accelerator.init_trackers("runs", config=self._hyperparameters())
+
+    def _tokenizer(self, raw):
+        """Trained on the training split (main process), or the one a resumed checkpoint was trained with."""
+        if self.checkpoint is not None:
+            return AutoTokenizer.from_pretrained(self.checkpoint)
+        staging = self.output_dir / ".tokenizer"
+        if self.is_main:
+            tokenizer = train_tokenizer_on_corpus(
+                raw["train"], self.data_args.source_lang, self.data_args.target_lang,
+                vocab_size=self.data_args.tokenizer_vocab_size, max_sentences=self.data_args.tokenizer_max_sentences,
+                seed=self.args.seed,
+            )
+            tokenizer.model_max_length = max(self.data_args.max_source_length, self.data_args.max_target_length)
+            tokenizer.save_pretrained(staging)
+        self.accelerator.wait_for_everyone()
+        return AutoTokenizer.from_pretrained(staging)
+
+    def _generation_config(self) -> GenerationConfig:
+        return GenerationConfig(
+            decoder_start_token_id=self.model.config.decoder_start_token_id, bos_token_id=self.model.config.bos_token_id,
+            eos_token_id=self.model.config.eos_token_id, pad_token_id=self.model.config.pad_token_id,
+            num_beams=self.args.num_beams, max_length=self.data_args.max_target_length + 1,
+            early_stopping=self.args.num_beams > 1,
+        )
+
+    def _hyperparameters(self) -> dict:
+        flat = {**asdict(self.model_args), **asdict(self.data_args), **asdict(self.args)}
+        return {key: value for key, value in flat.items() if isinstance(value, (int, float, str, bool))}
+
+    # -- training ------------------------------------------------------------------------------------------------
+
+    def train(self) -> None:
+        args, state, accelerator = self.args, self.state, self.accelerator
+        device = accelerator.device
+        self._install_signal_handlers()
+        progress = _progress_bar(self.total_steps, state.global_step, disable=not self.is_main)
+        window_loss, window_batches, window_tokens, window_start = 0.0, 0, 0, time.time()
+        self.train_model.train()
+        while state.global_step < self.total_steps:
+            self.sampler.set_epoch(state.epoch)
+            batches = list(self.sampler)[state.batches_done_in_epoch :]
+            # A private generator: creating the loader must not draw from the global RNG (exact resumption).
+            loader = DataLoader(self.datasets["train"], batch_sampler=batches, collate_fn=self.collator,
+                                num_workers=args.dataloader_num_workers, generator=torch.Generator())
+            for batch in loader:
+                batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+                with accelerator.accumulate(self.train_model):
+                    loss = self._loss(batch)
+                    if not torch.isfinite(loss):
+                        raise TrainingFault(self._non_finite_message(loss.item()))
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients and args.max_grad_norm > 0:
+                        accelerator.clip_grad_norm_(self.train_model.parameters(), args.max_grad_norm)
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+                state.batches_done_in_epoch += 1
+                tokens = int(batch["attention_mask"].sum()) + int((batch["labels"] != -100).sum())
+                window_loss, window_batches, window_tokens = window_loss + loss.item(), window_batches + 1, window_tokens + tokens
+                if not accelerator.sync_gradients:
+                    continue
+                self.scheduler.step()
+                state.global_step += 1
+                progress.update(1)
+                if state.global_step % args.logging_steps == 0 or state.global_step == self.total_steps:
+                    seconds = time.time() - window_start
+                    total_tokens = int(accelerator.reduce(torch.tensor(window_tokens, device=device), "sum"))
+                    state.train_tokens += total_tokens
+                    state.train_seconds += seconds
+                    row = {"step": state.global_step, "epoch": round(state.epoch + state.batches_done_in_epoch
+                                                                     / max(self.batches_per_epoch, 1), 3),
+                           "train_loss": round(window_loss / window_batches, 4),
+                           "learning_rate": self.scheduler.get_last_lr()[0],
+                           "tokens_per_second": round(total_tokens / max(seconds, 1e-9), 1)}
+                    self._log(row)
+                    progress.set_postfix(loss=row["train_loss"], tok_s=row["tokens_per_second"])
+                    window_loss, window_batches, window_tokens, window_start = 0.0, 0, 0, time.time()
+                if args.eval_steps and state.global_step % args.eval_steps == 0 and state.global_step < self.total_steps:
+                    self.validate()
+                    window_start = time.time()
+                if args.save_steps and state.global_step % args.save_steps == 0:
+                    self.save_checkpoint()
+                    window_start = time.time()
+                if self.stop_signal is not None:
+                    self._stop_on_signal()
+                if state.global_step >= self.total_steps:
+                    break
+            else:
+                state.epoch += 1
+                state.batches_done_in_epoch = 0
+        progress.close()
+        if self.last_checkpoint is None or self.last_checkpoint.name != f"checkpoint-{state.global_step}":
+            self.save_checkpoint()
+
+    def _loss(self, batch: dict) -> torch.Tensor:
+        """Label-smoothed cross-entropy over the non-padding target tokens, teacher-forced."""
+        labels = batch["labels"]
+        logits = self.train_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                  decoder_input_ids=self.model.prepare_decoder_input_ids_from_labels(labels)).logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
+                               label_smoothing=self.args.label_smoothing_factor)
+
+    def _non_finite_message(self, value: float) -> str:
+        kept = list_checkpoints(self.output_dir)
+        where = f"the last good checkpoint is {kept[-1]}" if kept else "no checkpoint had been written yet"
+        return (f"loss became {value} at step {self.state.global_step + 1}; stopped without saving this state, "
+                f"{where}. Lower --learning_rate, raise --warmup_steps or check the data, then resume with "
+                f"--resume_from_checkpoint latest")
+
+    def _install_signal_handlers(self) -> None:
+        def request_stop(signum, frame):
+            self.stop_signal = signum
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, request_stop)
+
+    def _stop_on_signal(self) -> None:
+        self.save_checkpoint()
+        raise RunInterrupted(
+            f"{signal.Signals(self.stop_signal).name} received: checkpoint saved at step {self.state.global_step} in "
+            f"{self.last_checkpoint}; continue with --resume_from_checkpoint latest",
+            self.stop_signal,
+        )
+
+    def _log(self, row: dict) -> None:
+        self.state.history.append(row)
+        self.accelerator.log({key: value for key, value in row.items() if key != "step"}, step=row["step"])
+        if self.is_main:
+            logger.info(json.dumps(row))
+
+    # -- evaluation ----------------------------------------------------------------------------------------------
+
+    def _eval_batches(self, split: str):
+        dataset = self.datasets[split]
+        sampler = make_batch_sampler(dataset, self.data_args, self.args.per_device_eval_batch_size, shuffle=False)
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=self.collator)
+
+    def validate(self) -> dict:
+        """Validation loss and greedy BLEU/chrF, on the main process; logged and added to the history."""
+        row = {}
+        if self.is_main:
+            model = self.accelerator.unwrap_model(self.model)
+            loss = evaluation_loss(model, self._eval_batches("validation"), self.accelerator.device)
+            scores, _ = evaluate_translations(model, self.tokenizer, self.eval_sources, self.eval_references,
+                                              num_beams=1, batch_size=self.args.per_device_eval_batch_size,
+                                              max_new_tokens=self.args.eval_max_new_tokens)
+            model.train()
+            row = {"step": self.state.global_step, "eval_loss": round(loss, 4), "eval_bleu": scores["bleu"],
+                   "eval_chrf": scores["chrf"]}
+            self._log(row)
+        self.accelerator.wait_for_everyone()
+        return row
+
+    def test(self) -> dict:
+        """Test BLEU/chrF with greedy decoding and with beam search (main process)."""
+        results = {}
+        if self.is_main and self.test_sources:
+            model = self.accelerator.unwrap_model(self.model).eval()
+            for beams in sorted({1, self.args.num_beams}):
+                scores, predictions = evaluate_translations(
+                    model, self.tokenizer, self.test_sources, self.test_references, num_beams=beams,
+                    batch_size=self.args.per_device_eval_batch_size, max_new_tokens=self.args.eval_max_new_tokens,
+                )
+                name = "greedy" if beams == 1 else f"beam{beams}"
+                results[f"test_bleu_{name}"], results[f"test_chrf_{name}"] = scores["bleu"], scores["chrf"]
+                if beams == self.args.num_beams:
+                    self.test_predictions = predictions
+            logger.info(json.dumps(results))
+        self.accelerator.wait_for_everyone()
+        return results
+
+    # -- saving --------------------------------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        """`accelerator.save_state` into `checkpoint-<step>.tmp`, renamed when complete; old ones rotated out."""
+        step = self.state.global_step
+        final = self.output_dir / f"checkpoint-{step}"
+        staging = self.output_dir / f"checkpoint-{step}.tmp"
+        if self.is_main and staging.exists():
+            shutil.rmtree(staging)
+        self.accelerator.wait_for_everyone()
+        self.accelerator.save_state(str(staging), safe_serialization=True)
+        if self.is_main:
+            self.state.scheduler = self.scheduler.state_dict()
+            self.accelerator.unwrap_model(self.model).config.to_json_file(staging / "config.json")
+            self.tokenizer.save_pretrained(staging)
+            (staging / TRAINER_STATE).write_text(json.dumps(asdict(self.state), indent=1))
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(staging, final)
+            for old in list_checkpoints(self.output_dir)[: -self.args.save_total_limit]:
+                shutil.rmtree(old)
+        self.accelerator.wait_for_everyone()
+        self.last_checkpoint = final
+        if self.args.push_to_hub and self.args.hub_strategy in ("every_save", "checkpoint") and self.is_main:
+            self._push_during_training(final)
+        return final
+
+    def _load_checkpoint(self, checkpoint: Path) -> None:
+        self.accelerator.load_state(str(checkpoint))
+        saved = json.loads((checkpoint / TRAINER_STATE).read_text())
+        self.state = RunState(**saved)
+        self.scheduler.load_state_dict(self.state.scheduler)
+        self.last_checkpoint = checkpoint
+        logger.info(f"resumed from {checkpoint} at step {self.state.global_step}")
+
+    def average_last_checkpoints(self) -> None:
+        """Replace the weights by the mean of the last K checkpoints' weights (fairseq's average_checkpoints)."""
+        from safetensors.torch import load_file
+
+        checkpoints = list_checkpoints(self.output_dir)[-self.args.average_checkpoints :]
+        if len(checkpoints) < 2:
+            logger.warning(f"--average_checkpoints {self.args.average_checkpoints}: only {len(checkpoints)} "
+                           f"checkpoint(s) kept (raise --save_total_limit); not averaging")
+            return
+        model = self.accelerator.unwrap_model(self.model)
+        total = None
+        for checkpoint in checkpoints:
+            weights = load_file(checkpoint / "model.safetensors")
+            total = weights if total is None else {name: total[name] + weights[name] for name in total}
+        model.load_state_dict({name: value / len(checkpoints) for name, value in total.items()}, strict=False)
+        self.averaged_checkpoints = [path.name for path in checkpoints]
+
+    def save_model(self, results: dict) -> None:
+        """Write the Hub-format directory: staged in a temporary folder, then moved in file by file, so a failed
+        save leaves the previous model as it was."""
+        if not self.is_main:
+            return
+        model = self.accelerator.unwrap_model(self.model)
+        model.config.use_cache = True
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.output_dir))
+        try:
+            model.save_pretrained(staging)
+            self.tokenizer.save_pretrained(staging)
+            (staging / "all_results.json").write_text(json.dumps(results, indent=2))
+            (staging / "training_history.json").write_text(json.dumps(self.state.history, indent=1))
+            self._write_training_curves(staging / "training_curves.png")
+            if self.model_card_template is not None:
+                (staging / "README.md").write_text(self._model_card(results))
+            for path in staging.iterdir():
+                os.replace(path, self.output_dir / path.name)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(self.output_dir / ".tokenizer", ignore_errors=True)
+
+    def _write_training_curves(self, path: Path) -> None:
+        from .plotting import plot_training_curves
+
+        plot_training_curves(self.state.history, path)
+
+    def _model_card(self, results: dict) -> str:
+        from .model_card import render_model_card
+
+        config = self.model.config
+        data_args, args = self.data_args, self.args
+        shipped = data_args.dataset_name is None and data_args.train_file is None
+        dataset_name = data_args.dataset_name or ("bible-en-es-web-rv1909" if shipped else "local files")
+        description = ("the verse-aligned English–Spanish Bible shipped with hf-scratch-transformer (World English "
+                       "Bible ↔ Reina-Valera 1909, public domain)" if shipped else f"`{dataset_name}`")
+        decodings = {"greedy": "greedy", f"beam{args.num_beams}": f"beam {args.num_beams}"}
+        rows = {label: {"bleu": results[f"test_bleu_{key}"], "chrf": results[f"test_chrf_{key}"]}
+                for key, label in decodings.items() if f"test_bleu_{key}" in results}
+        samples = [
+            {"source": _table_cell(s), "reference": _table_cell(r), "prediction": _table_cell(p)}
+            for s, r, p in list(zip(self.test_sources, self.test_references, getattr(self, "test_predictions", [])))[:5]
+        ]
+        report = self.filter_report["train"]
+        device = self.accelerator.device
+        hardware = (torch.cuda.get_device_name(device) if device.type == "cuda" else
+                    f"{_cpu_name()}, {os.cpu_count()} logical cores") + f", {self.accelerator.num_processes} process(es)"
+        return render_model_card(
+            self.model_card_template, model_name=self.output_dir.name, source_lang=data_args.source_lang,
+            target_lang=data_args.target_lang, dataset_name=dataset_name, results=rows,
+            dataset_description=description, test_pairs=len(self.test_sources),
+            train_pairs=len(self.datasets["train"]), validation_pairs=len(self.eval_sources),
+            filter_summary=(f"{report['empty']} empty, {report['too_long']} over-long and {report['bad_ratio']} "
+                            f"implausible-length-ratio pairs dropped of {report['input']}"),
+            architecture=(f"{config.encoder_layers}+{config.decoder_layers} layers, d_model {config.d_model}, "
+                          f"{config.encoder_attention_heads} heads, FFN {config.encoder_ffn_dim}, "
+                          f"{'pre' if config.normalize_before else 'post'}-norm (preset `{self.model_args.preset}`)"),
+            parameters=f"{self.model.num_parameters() / 1e6:.1f}M", vocab_size=config.vocab_size,
+            adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_epsilon=args.adam_epsilon,
+            learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
+            label_smoothing=args.label_smoothing_factor, dropout=config.dropout, max_grad_norm=args.max_grad_norm,
+            batching=(f"token-bucketed, at most {data_args.max_tokens} tokens per batch and process"
+                      if data_args.max_tokens else f"{args.per_device_train_batch_size} sentences per batch and process")
+            + f", gradient accumulation {args.gradient_accumulation_steps}",
+            steps=self.state.global_step, epochs=round(results.get("epoch", self.state.epoch), 2),
+            train_tokens=f"{self.state.train_tokens:,}", hardware=hardware,
+            train_time=f"{results['train_runtime_seconds'] / 60:.1f} minutes",
+            software=(f"hf-scratch-transformer, PyTorch {torch.__version__}, transformers {transformers.__version__}, "
+                      f"Python {platform.python_version()}"),
+            sample_translations=samples, decoding_for_samples=f"beam {args.num_beams}",
+            repo_or_dir=args.hub_model_id or str(self.output_dir),
+            example_source=self.test_sources[0] if self.test_sources else "Hello.",
+            domain_note="the Bible in early-20th-century Spanish and modern English" if shipped else "the corpus above",
+            max_source_length=data_args.max_source_length,
+        )
+
+    # -- hub -----------------------------------------------------------------------------------------------------
+
+    def _hub_repo(self) -> str:
+        return self.args.hub_model_id or self.output_dir.resolve().name
+
+    def push_to_hub(self, folder: Path, path_in_repo: str | None = None, message: str = "Upload model") -> str:
+        from huggingface_hub import HfApi
+
+        repo_id = self._hub_repo()
+        try:
+            api = HfApi(token=self.args.hub_token)
+            api.create_repo(repo_id, private=self.args.hub_private_repo, exist_ok=True)
+            commit = api.upload_folder(
+                repo_id=repo_id, folder_path=str(folder), path_in_repo=path_in_repo, commit_message=message,
+                ignore_patterns=["checkpoint-*", "checkpoint-*/**", ".staging-*", ".tokenizer/**", "runs/**"],
+            )
+        except Exception as error:  # any failure of the network or the hub ends in the same advice
+            raise TrainingFault(
+                f"could not push to the hub repository {repo_id!r}: {type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''}. The model is saved and complete in "
+                f"{self.output_dir}; upload it later with `hf upload {repo_id} {self.output_dir}`"
+            ) from error
+        return str(getattr(commit, "commit_url", commit))
+
+    def _push_during_training(self, checkpoint: Path) -> None:
+        """hub_strategy every_save / checkpoint: failures are logged, training goes on."""
+        try:
+            if self.args.hub_strategy == "checkpoint":
+                self.push_to_hub(checkpoint, "last-checkpoint", f"Checkpoint at step {self.state.global_step}")
+            staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.output_dir))
+            try:
+                self.accelerator.unwrap_model(self.model).save_pretrained(staging)
+                self.tokenizer.save_pretrained(staging)
+                self.push_to_hub(staging, None, f"Model at step {self.state.global_step}")
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        except TrainingFault as error:
+            logger.warning(f"push during training failed, training goes on: {error}")
+
+
+def _table_cell(text: str, limit: int = 300) -> str:
+    """Text safe inside a Markdown table cell."""
+    text = " ".join(text.split()).replace("|", "\\|")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _progress_bar(total: int, done: int, disable: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=done, desc="training", unit="step", disable=disable, dynamic_ncols=True)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def run_training(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments,
+                 model_card_template: str | Path | None = None) -> dict:
+    """Train, evaluate, save (and push); returns the figures written to all_results.json."""
+    run = Run(model_args, data_args, args, model_card_template)
+    run.setup()
+    run.train()
+    if args.average_checkpoints > 1:
+        run.average_last_checkpoints()
+    validation = run.validate()
+    results = {
+        "train_steps": run.state.global_step,
+        "epoch": round(run.state.epoch + run.state.batches_done_in_epoch / max(run.batches_per_epoch, 1), 3),
+        "train_tokens": run.state.train_tokens,
+        "train_tokens_per_second": round(run.state.train_tokens / max(run.state.train_seconds, 1e-9), 1),
+        "train_pairs": len(run.datasets["train"]),
+        "train_padding_fraction": round(padding_fraction(list(run.sampler), *sequence_lengths(run.datasets["train"])), 4),
+        "filtered": run.filter_report,
+        **{key: value for key, value in validation.items() if key != "step"},
+    }
+    results.update(run.test())
+    results["train_runtime_seconds"] = round(time.time() - run.started, 1)
+    if getattr(run, "averaged_checkpoints", None):
+        results["averaged_checkpoints"] = run.averaged_checkpoints
+    run.save_model(results)
+    run.accelerator.end_training()
+    if args.push_to_hub and run.is_main:
+        results["hub_commit"] = run.push_to_hub(run.output_dir, None, "Training finished")
+    return results
+
+
+def main(argv: list[str] | None = None, model_card_template: str | Path | None = None) -> int:
+    """Command-line entry: 0 on success, 2 for a usage error, 1 for a training fault, 130/143 on SIGINT/SIGTERM."""
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("accelerate").setLevel(logging.WARNING)
+    transformers.logging.set_verbosity_warning()
+    try:
+        model_args, data_args, args = parse_arguments(argv)
+        results = run_training(model_args, data_args, args, model_card_template)
+    except SystemExit:  # argparse has printed its one-line usage error (exit code 2)
+        raise
+    except UsageError as error:
+        return _fail(f"error: {error}", 2, debug)
+    except TrainingFault as error:
+        return _fail(f"training stopped: {error}", 1, debug)
+    except RunInterrupted as error:
+        return _fail(f"interrupted: {error}", error.exit_code, debug)
+    except KeyboardInterrupt:
+        return _fail("interrupted before training started: nothing was saved", 130, debug)
+    print(json.dumps({key: value for key, value in results.items() if key != "filtered"}, indent=1))
+    return 0
+
+
+def _fail(message: str, code: int, debug: bool) -> int:
+    if debug:
+        logger.exception(message)
+    print(message, file=sys.stderr)
+    return code
