@@ -1,0 +1,357 @@
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset, DatasetDict, IterableDataset
+from transformers import DataCollatorForSeq2Seq
+
+import hf_scratch_transformer.data as data
+from conftest_data import corpus_tokenizer, shipped_corpus  # noqa: F401
+from hf_scratch_transformer.data import (
+    DataArguments,
+    SentenceBatchSampler,
+    TokenBucketBatchSampler,
+    evaluation_pairs,
+    load_parallel_corpus,
+    make_batch_sampler,
+    make_collator,
+    padding_fraction,
+    preprocess_corpus,
+    sequence_lengths,
+)
+
+DATA_CARD = Path(data.CORPUS_DIR) / "README.md"
+PAIRS = [
+    {"en": "In the beginning God created the heavens.", "es": "En el principio creó Dios los cielos."},
+    {"en": "Jesus wept.", "es": "Y lloró Jesús."},
+    {"en": "God saw the light.", "es": "Y vio Dios la luz."},
+    {"en": "There was evening.", "es": "Y fue la tarde."},
+]
+
+
+def card_counts():
+    """{split: (pairs, chapters)} as stated in the data card's table."""
+    rows = re.findall(r"^\| (train|validation|test) \| `[^`]+` \| (\d+) \| (\d+) \|$", DATA_CARD.read_text(), re.M)
+    return {split: (int(pairs), int(chapters)) for split, pairs, chapters in rows}
+
+
+# ------------------------------------------------------------------------------------------------- shipped corpus
+
+
+def test_shipped_corpus_has_the_data_card_counts(shipped_corpus):
+    counts = card_counts()
+    assert set(counts) == {"train", "validation", "test"}
+    for split, (pairs, chapters) in counts.items():
+        assert shipped_corpus[split].num_rows == pairs
+        assert len(set(zip(shipped_corpus[split]["book"], shipped_corpus[split]["chapter"]))) == chapters
+
+
+def test_no_chapter_is_in_two_splits(shipped_corpus):
+    chapters = {split: set(zip(ds["book"], ds["chapter"])) for split, ds in shipped_corpus.items()}
+    assert not chapters["train"] & chapters["validation"]
+    assert not chapters["train"] & chapters["test"]
+    assert not chapters["validation"] & chapters["test"]
+
+
+@pytest.mark.parametrize(
+    "split, book, chapter, verse, en, es",
+    [
+        ("test", "Genesis", 1, 1, "In the beginning, God created the heavens and the earth.",
+         "EN el principio crió Dios los cielos y la tierra."),
+        ("train", "John", 3, 16, "For God so loved the world, that he gave his only born Son",
+         "Porque de tal manera amó Dios al mundo, que ha dado á su Hijo unigénito"),
+        ("train", "John", 11, 35, "Jesus wept.", "Y lloró Jesús."),
+        ("validation", "Genesis", 21, 1, "Yahweh visited Sarah as he had said",
+         "Y VISITÓ Jehová á Sara, como había dicho"),
+    ],
+)
+def test_pairs_are_aligned(shipped_corpus, split, book, chapter, verse, en, es):
+    matches = shipped_corpus[split].filter(
+        lambda ex: (ex["book"], ex["chapter"], ex["verse"]) == (book, chapter, verse)
+    )
+    assert matches.num_rows == 1
+    pair = matches[0]["translation"]
+    assert pair["en"].startswith(en) and pair["es"].startswith(es)
+
+
+def test_markup_is_cleaned(shipped_corpus):
+    texts = [t for pair in shipped_corpus["validation"]["translation"] for t in pair.values()]
+    assert not any(re.search(r"[<>]|&\w+;|\s{2}|^\s|\s$", text) for text in texts)
+
+
+def test_shipped_corpus_streams():
+    streamed = load_parallel_corpus(DataArguments(streaming=True))
+    assert isinstance(streamed["train"], IterableDataset)
+    first = next(iter(streamed["test"]))
+    assert first["translation"]["en"].startswith("In the beginning")
+
+
+# ---------------------------------------------------------------------------------------------------- local files
+
+
+def write_pairs(path: Path, pairs=PAIRS) -> str:
+    if path.suffix == ".json":
+        path.write_text(json.dumps([{"translation": pair} for pair in pairs]))
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps({"translation": pair}) + "\n" for pair in pairs))
+    else:
+        with open(path, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=["en", "es"], delimiter="\t" if path.suffix == ".tsv" else ",")
+            writer.writeheader()
+            writer.writerows(pairs)
+    return str(path)
+
+
+@pytest.mark.parametrize("extension", [".json", ".jsonl", ".csv", ".tsv"])
+def test_local_files_load_in_every_format(tmp_path, extension):
+    args = DataArguments(
+        train_file=write_pairs(tmp_path / f"train{extension}", PAIRS * 10),
+        validation_file=write_pairs(tmp_path / f"valid{extension}"),
+        test_file=write_pairs(tmp_path / f"test{extension}"),
+    )
+    corpus = load_parallel_corpus(args)
+    assert {split: ds.num_rows for split, ds in corpus.items()} == {"train": 40, "validation": 4, "test": 4}
+    assert corpus["validation"][1]["translation"] == PAIRS[1]
+
+
+def test_missing_splits_are_carved_deterministically_from_train(tmp_path):
+    pairs = [{"en": f"sentence {i}", "es": f"frase {i}"} for i in range(200)]
+    args = DataArguments(train_file=write_pairs(tmp_path / "train.jsonl", pairs), validation_split_percentage=10)
+    corpus = load_parallel_corpus(args, seed=1)
+    assert {split: ds.num_rows for split, ds in corpus.items()} == {"train": 162, "validation": 20, "test": 18}
+    all_pairs = [p["en"] for ds in corpus.values() for p in ds["translation"]]
+    assert sorted(all_pairs) == sorted(p["en"] for p in pairs)
+    assert load_parallel_corpus(args, seed=1)["validation"]["translation"] == corpus["validation"]["translation"]
+
+
+def test_streamed_local_file_is_carved_without_overlap(tmp_path):
+    pairs = [{"en": f"sentence {i}", "es": f"frase {i}"} for i in range(100)]
+    args = DataArguments(train_file=write_pairs(tmp_path / "train.jsonl", pairs), streaming=True)
+    corpus = load_parallel_corpus(args)
+    seen = {split: [ex["translation"]["en"] for ex in ds] for split, ds in corpus.items()}
+    assert (len(seen["validation"]), len(seen["test"]), len(seen["train"])) == (5, 5, 90)
+    assert sorted(sum(seen.values(), [])) == sorted(p["en"] for p in pairs)
+
+
+def test_sample_limits_apply(shipped_corpus):
+    corpus = load_parallel_corpus(DataArguments(max_train_samples=7, max_eval_samples=5, max_predict_samples=3))
+    assert {split: ds.num_rows for split, ds in corpus.items()} == {"train": 7, "validation": 5, "test": 3}
+
+
+def test_wrong_language_key_lists_the_keys_present(tmp_path):
+    args = DataArguments(train_file=write_pairs(tmp_path / "train.jsonl", PAIRS * 10), target_lang="fr")
+    with pytest.raises(KeyError, match=r"\['fr'\].*\['en', 'es'\]"):
+        load_parallel_corpus(args)
+
+
+def test_wrong_language_column_in_csv_lists_the_columns(tmp_path):
+    args = DataArguments(train_file=write_pairs(tmp_path / "train.csv", PAIRS * 10), source_lang="de")
+    with pytest.raises(KeyError, match=r"\['de'\].*\['en', 'es'\]"):
+        load_parallel_corpus(args)
+
+
+def test_empty_file_is_rejected(tmp_path):
+    (tmp_path / "train.jsonl").write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        load_parallel_corpus(DataArguments(train_file=str(tmp_path / "train.jsonl")))
+
+
+def test_header_only_csv_is_rejected(tmp_path):
+    (tmp_path / "train.csv").write_text("en,es\n")
+    with pytest.raises(ValueError, match="no examples"):
+        load_parallel_corpus(DataArguments(train_file=str(tmp_path / "train.csv")))
+
+
+def test_missing_file_is_rejected(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_parallel_corpus(DataArguments(train_file=str(tmp_path / "nope.jsonl")))
+
+
+def test_unknown_extension_is_rejected(tmp_path):
+    (tmp_path / "train.txt").write_text("hello\n")
+    with pytest.raises(ValueError, match="extension"):
+        load_parallel_corpus(DataArguments(train_file=str(tmp_path / "train.txt")))
+
+
+def test_unreachable_hub_names_the_dataset_and_suggests_files(monkeypatch):
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'wmt16' on the Hub")
+
+    monkeypatch.setattr(data, "load_dataset", offline)
+    with pytest.raises(ConnectionError, match=r"'wmt16'.*--train_file"):
+        load_parallel_corpus(DataArguments(dataset_name="wmt16", dataset_config_name="ro-en"))
+
+
+def test_hub_style_dataset_with_dev_split_is_accepted(monkeypatch):
+    rows = {"translation": [{"ro": "Bună", "en": "Hello"}] * 4}
+    hub = DatasetDict({split: Dataset.from_dict(rows) for split in ("train", "dev", "test")})
+    monkeypatch.setattr(data, "load_dataset", lambda *args, **kwargs: hub)
+    corpus = load_parallel_corpus(DataArguments(dataset_name="wmt16", source_lang="ro", target_lang="en"))
+    assert sorted(corpus) == ["test", "train", "validation"]
+
+
+# -------------------------------------------------------------------------------------------------- preprocessing
+
+
+def test_preprocessing_filters_train_and_reports_each_filter(corpus_tokenizer):
+    train = [
+        {"en": "A good sentence.", "es": "Una buena frase."},
+        {"en": "", "es": "Vacía."},
+        {"en": "Empty target.", "es": "   "},
+        {"en": "word " * 40, "es": "palabra " * 40},
+        {"en": "Yes.", "es": "Sí, así es, dijo el hombre a su hermano."},
+        {"en": "Another good one.", "es": "Otra buena."},
+    ]
+    raw = DatasetDict({
+        "train": Dataset.from_dict({"translation": train}),
+        "validation": Dataset.from_dict({"translation": train}),
+        "test": Dataset.from_dict({"translation": train[:1]}),
+    })
+    args = DataArguments(max_source_length=20, max_target_length=20, max_length_ratio=3.0)
+    processed, report = preprocess_corpus(raw, corpus_tokenizer, args)
+    assert report["train"] == {"input": 6, "empty": 2, "too_long": 1, "bad_ratio": 1, "kept": 2}
+    assert report["validation"] == {"input": 6, "empty": 2, "too_long": 0, "bad_ratio": 0, "kept": 4}
+    assert processed["train"].column_names == ["input_ids", "attention_mask", "labels"]
+    decoded = corpus_tokenizer.batch_decode(list(processed["train"]["labels"]), skip_special_tokens=True)
+    assert decoded == ["Una buena frase.", "Otra buena."]
+    assert all(len(ids) <= 20 for ids in processed["validation"]["input_ids"])
+    assert all(ids[-1] == corpus_tokenizer.eos_token_id for ids in processed["validation"]["labels"])
+    sources, references = evaluation_pairs(raw["validation"], args)
+    assert len(references) == processed["validation"].num_rows and references[1] == "palabra " * 40
+
+
+def test_shipped_glossary_verse_is_dropped_as_over_long(shipped_corpus, corpus_tokenizer):
+    train = shipped_corpus["train"].filter(lambda ex: ex["book"] == "Revelation of John" and ex["chapter"] == 22)
+    raw = DatasetDict({"train": train})
+    _, report = preprocess_corpus(raw, corpus_tokenizer, DataArguments())
+    assert report["train"]["too_long"] == 1
+
+
+def test_collator_pads_labels_with_minus_100(corpus_tokenizer):
+    features = [corpus_tokenizer("Jesus wept.", text_target="Y lloró Jesús."),
+                corpus_tokenizer("In the beginning God created.", text_target="En el principio creó Dios.")]
+    batch = make_collator(corpus_tokenizer)([dict(f) for f in features])
+    assert isinstance(make_collator(corpus_tokenizer), DataCollatorForSeq2Seq)
+    assert batch["labels"].shape[0] == 2 and (batch["labels"] == -100).any()
+    assert (batch["input_ids"][batch["attention_mask"] == 0] == corpus_tokenizer.pad_token_id).all()
+    assert "decoder_input_ids" not in batch
+
+
+# ------------------------------------------------------------------------------------------------------- batching
+
+
+@pytest.fixture(scope="module")
+def train_lengths(shipped_corpus, corpus_tokenizer):
+    """Token lengths (</s> included) of the shipped training split, truncated like preprocessing does."""
+    pairs = shipped_corpus["train"]["translation"]
+    encode = lambda texts: corpus_tokenizer(texts, truncation=True, max_length=256)["input_ids"]  # noqa: E731
+    return [len(x) for x in encode([p["en"] for p in pairs])], [len(x) for x in encode([p["es"] for p in pairs])]
+
+
+def batch_cost(batch, src_lengths, tgt_lengths):
+    return len(batch) * max(max(src_lengths[i], tgt_lengths[i]) for i in batch)
+
+
+@pytest.mark.parametrize("max_tokens", [1024, 4096])
+def test_token_batches_respect_the_budget_and_cover_the_epoch_once(train_lengths, max_tokens):
+    src, tgt = train_lengths
+    sampler = TokenBucketBatchSampler(src, tgt, max_tokens, seed=0)
+    batches = list(sampler)
+    assert len(batches) == len(sampler)
+    assert max(batch_cost(b, src, tgt) for b in batches) <= max_tokens
+    assert sorted(i for b in batches for i in b) == list(range(len(src)))
+    assert padding_fraction(batches, src, tgt) < 0.10
+
+
+def test_token_batches_pad_far_less_than_random_sentence_batches(train_lengths):
+    src, tgt = train_lengths
+    token_padding = padding_fraction(list(TokenBucketBatchSampler(src, tgt, 4096)), src, tgt)
+    sentence_padding = padding_fraction(list(SentenceBatchSampler(len(src), 64)), src, tgt)
+    assert token_padding < 0.10 < sentence_padding
+
+
+def test_token_batches_reshuffle_each_epoch_reproducibly(train_lengths):
+    src, tgt = train_lengths
+    sampler = TokenBucketBatchSampler(src, tgt, 4096, seed=5)
+    first = list(sampler)
+    sampler.set_epoch(1)
+    second = list(sampler)
+    assert first != second
+    assert sorted(i for b in second for i in b) == list(range(len(src)))
+    assert list(TokenBucketBatchSampler(src, tgt, 4096, seed=5)) == first
+
+
+@pytest.mark.parametrize("num_replicas", [2, 3])
+@pytest.mark.parametrize("sampler_class", ["token", "sentence"])
+def test_processes_share_the_epoch_without_overlap(train_lengths, num_replicas, sampler_class):
+    src, tgt = train_lengths
+
+    def make(rank):
+        if sampler_class == "token":
+            return TokenBucketBatchSampler(src, tgt, 4096, seed=3, num_replicas=num_replicas, rank=rank)
+        return SentenceBatchSampler(len(src), 64, seed=3, num_replicas=num_replicas, rank=rank)
+
+    samplers = [make(rank) for rank in range(num_replicas)]
+    for sampler in samplers:
+        sampler.set_epoch(2)
+    per_rank = [list(sampler) for sampler in samplers]
+    assert len({len(sampler) for sampler in samplers}) == 1
+    assert [len(batches) for batches in per_rank] == [len(samplers[0])] * num_replicas
+    seen = [i for batches in per_rank for b in batches for i in b]
+    assert sorted(seen) == list(range(len(src)))
+    if sampler_class == "token":
+        assert max(batch_cost(b, src, tgt) for batches in per_rank for b in batches) <= 4096
+
+
+def test_batches_are_split_rather_than_repeated_to_even_out_ranks():
+    sampler = TokenBucketBatchSampler([5] * 9, [5] * 9, max_tokens=15, shuffle=False, num_replicas=2, rank=0)
+    assert len(sampler.all_batches()) == 3
+    ranks = [list(TokenBucketBatchSampler([5] * 9, [5] * 9, 15, shuffle=False, num_replicas=2, rank=r)) for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) == 2
+    assert sorted(i for batches in ranks for b in batches for i in b) == list(range(9))
+
+
+def test_drop_last_gives_equal_counts_by_dropping_the_surplus():
+    ranks = [SentenceBatchSampler(10, 2, num_replicas=3, rank=r, drop_last=True) for r in range(3)]
+    assert [len(r) for r in ranks] == [1, 1, 1]
+
+
+def test_budget_smaller_than_longest_example_is_refused():
+    with pytest.raises(ValueError, match="max_tokens=10.*longest example \\(12 tokens\\)"):
+        TokenBucketBatchSampler([3, 12], [4, 5], max_tokens=10)
+
+
+def test_batch_sampler_feeds_a_dataloader(shipped_corpus, corpus_tokenizer):
+    raw = DatasetDict({name: shipped_corpus[name].select(range(64)) for name in ("train", "validation", "test")})
+    processed, _ = preprocess_corpus(raw, corpus_tokenizer, DataArguments())
+    sampler = make_batch_sampler(processed["train"], DataArguments(max_tokens=512), batch_size=8)
+    assert isinstance(sampler, TokenBucketBatchSampler)
+    src, tgt = sequence_lengths(processed["train"])
+    collator = make_collator(corpus_tokenizer)
+    loader = torch.utils.data.DataLoader(processed["train"], batch_sampler=sampler, collate_fn=collator)
+    sizes = [batch["input_ids"].shape for batch in loader]
+    assert sum(shape[0] for shape in sizes) == 64 and all(shape[0] * shape[1] <= 512 for shape in sizes)
+    assert isinstance(make_batch_sampler(processed["train"], DataArguments(), batch_size=8), SentenceBatchSampler)
+    assert len(src) == len(tgt) == 64
+
+
+def test_padding_fraction_counts_source_and_target_padding():
+    assert padding_fraction([[0, 1]], [2, 4], [3, 3]) == pytest.approx(2 / 14)
+
+
+def test_samplers_work_under_accelerate_sharding():
+    from accelerate.data_loader import prepare_data_loader
+
+    lengths = [(i * 7) % 50 + 1 for i in range(1001)]
+    sampler = TokenBucketBatchSampler(lengths, lengths, max_tokens=200, seed=0)
+    loader = torch.utils.data.DataLoader(list(range(1001)), batch_sampler=sampler, collate_fn=lambda batch: batch)
+    shards = [prepare_data_loader(loader, num_processes=2, process_index=rank, put_on_device=False) for rank in (0, 1)]
+    for shard in shards:
+        shard.set_epoch(3)
+    per_process = [list(shard) for shard in shards]
+    assert sampler.epoch == 3
+    assert len(per_process[0]) == len(per_process[1])
+    assert {i for batches in per_process for batch in batches for i in batch} == set(range(1001))

@@ -1,0 +1,80 @@
+import unicodedata
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer
+
+from conftest_data import TOKENIZER_VOCAB_SIZE, corpus_tokenizer, shipped_corpus  # noqa: F401
+from hf_scratch_transformer.tokenization import sample_sentences, train_bpe_tokenizer, train_tokenizer_on_corpus
+
+UNSEEN_TEXTS = [
+    "你好，世界。日本語のテキスト",
+    "emoji 🙂🚀👩‍👩‍👧 and flags 🇪🇸",
+    "“curly” ‘quotes’ — dashes… «guillemets» ½ ﬁ",
+    "tabs\tand  double  spaces\nnew line",
+    "  leading and trailing spaces  ",
+    "combining n\u0303 becomes ñ under NFC",
+    "literal special tokens <s> <pad> </s> <unk> stay text",
+    "",
+]
+
+
+def roundtrip(tokenizer, text):
+    return tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True)
+
+
+def test_special_tokens_have_the_config_ids(corpus_tokenizer):
+    assert corpus_tokenizer.convert_ids_to_tokens([0, 1, 2, 3]) == ["<pad>", "<s>", "</s>", "<unk>"]
+    assert (corpus_tokenizer.pad_token_id, corpus_tokenizer.bos_token_id, corpus_tokenizer.eos_token_id) == (0, 1, 2)
+    assert len(corpus_tokenizer) == TOKENIZER_VOCAB_SIZE
+
+
+def test_saved_tokenizer_reloads_with_autotokenizer_and_encodes_targets(corpus_tokenizer, tmp_path):
+    corpus_tokenizer.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    encoded = reloaded("In the beginning", text_target="En el principio")
+    assert set(encoded) == {"input_ids", "attention_mask", "labels"}
+    assert encoded["input_ids"][-1] == 2 and encoded["labels"][-1] == 2
+    assert 1 not in encoded["labels"]
+    assert encoded["labels"] == corpus_tokenizer(text_target="En el principio")["input_ids"]
+
+
+@pytest.mark.parametrize("language", ["en", "es"])
+def test_every_validation_sentence_round_trips(corpus_tokenizer, shipped_corpus, language):
+    texts = [pair[language] for pair in shipped_corpus["validation"]["translation"]]
+    encoded = corpus_tokenizer(texts)["input_ids"]
+    decoded = corpus_tokenizer.batch_decode(encoded, skip_special_tokens=True)
+    assert decoded == [unicodedata.normalize("NFC", text) for text in texts]
+    assert all(3 not in ids for ids in encoded)
+
+
+@pytest.mark.parametrize("text", UNSEEN_TEXTS)
+def test_unseen_text_round_trips_without_unk(corpus_tokenizer, text):
+    assert roundtrip(corpus_tokenizer, text) == unicodedata.normalize("NFC", text)
+    assert corpus_tokenizer.unk_token_id not in corpus_tokenizer(text)["input_ids"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_any_text_round_trips(corpus_tokenizer, text):
+    assert roundtrip(corpus_tokenizer, text) == unicodedata.normalize("NFC", text)
+
+
+def test_max_sentences_samples_deterministically():
+    texts = [f"sentence {i}" for i in range(1000)]
+    sample = sample_sentences(iter(texts), 50, seed=3)
+    assert len(sample) == 50 and len(set(sample)) == 50 and set(sample) <= set(texts)
+    assert sample == sample_sentences(iter(texts), 50, seed=3)
+    assert sample != sample_sentences(iter(texts), 50, seed=4)
+    assert sample_sentences(iter(texts[:10]), 50) == texts[:10]
+
+
+def test_tokenizer_trained_on_a_sample_still_covers_all_bytes():
+    tokenizer = train_bpe_tokenizer(["abc abd abe"] * 100, vocab_size=300, max_sentences=5)
+    assert roundtrip(tokenizer, "ĳ xyz ✓") == "ĳ xyz ✓"
+
+
+def test_corpus_training_wants_a_split_not_a_dict(shipped_corpus):
+    with pytest.raises(TypeError, match="train split"):
+        train_tokenizer_on_corpus(shipped_corpus, "en", "es", vocab_size=300)
