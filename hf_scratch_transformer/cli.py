@@ -1,0 +1,220 @@
+"""`hf-scratch-translate`: translate from the command line, and optionally draw what the model attends to.
+
+    hf-scratch-translate --model runs/en-es "In the beginning God created the heavens and the earth."
+    echo "Jesus wept." | hf-scratch-translate --model runs/en-es
+    hf-scratch-translate --model runs/en-es --input_file test.en --output_file test.es --num_beams 5
+    hf-scratch-translate --model runs/en-es "Jesus wept." --attention attention.png
+
+Also runnable as `python -m hf_scratch_transformer.cli`. Errors (missing model, unreadable input) print one line on
+stderr and exit with status 2; `--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from pathlib import Path
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class CLIError(Exception):
+    """An error the user can fix (bad path, bad option): one line on stderr, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hf-scratch-translate",
+        description="Translate text with a saved hf_scratch_transformer model (or any transformers seq2seq model). "
+        "Input comes from the TEXT arguments, else from --input_file, else from stdin, one sentence per line; "
+        "each input line gives exactly one output line (empty lines stay empty).",
+        epilog="examples:\n"
+        "  hf-scratch-translate --model runs/en-es \"Jesus wept.\"\n"
+        "  echo \"Jesus wept.\" | hf-scratch-translate --model runs/en-es\n"
+        "  hf-scratch-translate --model runs/en-es --input_file test.en --output_file test.es --num_beams 5\n"
+        "  hf-scratch-translate --model runs/en-es \"Jesus wept.\" --attention attention.png",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("text", nargs="*", metavar="TEXT", help="sentences to translate (one output line each)")
+    parser.add_argument("--model", "-m", required=True, metavar="DIR",
+                        help="directory written by save_pretrained (or a hub id, where the hub is reachable)")
+    parser.add_argument("--input_file", "-i", metavar="FILE", help="translate FILE (UTF-8), one sentence per line")
+    parser.add_argument("--output_file", "-o", metavar="FILE",
+                        help="write translations to FILE instead of stdout (one line per input line)")
+    parser.add_argument("--num_beams", type=int, metavar="N", help="beam size (default: the model's generation_config)")
+    parser.add_argument("--max_new_tokens", type=int, metavar="N",
+                        help="longest translation in tokens (default: the model's generation_config)")
+    parser.add_argument("--batch_size", type=int, default=32, metavar="N",
+                        help="sentences per generate() call; inputs are sorted by length first (default: 32)")
+    parser.add_argument("--device", metavar="DEVICE",
+                        help="cpu, cuda, cuda:1, mps... (default: cuda if available, else mps, else cpu)")
+    parser.add_argument("--attention", metavar="PNG",
+                        help="draw the cross-attention of the translation of the FIRST non-empty input sentence "
+                        "into PNG: the mean over heads of the last layer, plus every layer/head "
+                        "(see --attention_all for one image per sentence)")
+    parser.add_argument("--attention_all", action="store_true",
+                        help="with --attention: one PNG per non-empty input line, named PNG's stem + '-<line number>' "
+                        "(e.g. attention-1.png, attention-2.png; line numbers start at 1)")
+    parser.add_argument("--no_progress", action="store_true", help="no progress bar when translating a file")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks and library warnings")
+    return parser
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8", newline=None) as handle:
+            return handle.read().splitlines()
+    except FileNotFoundError:
+        raise CLIError(f"input file not found: {path}") from None
+    except IsADirectoryError:
+        raise CLIError(f"input file is a directory: {path}") from None
+    except UnicodeDecodeError as error:
+        raise CLIError(f"input file is not valid UTF-8: {path} ({error.reason} at byte {error.start})") from None
+    except OSError as error:
+        raise CLIError(f"cannot read input file {path}: {error.strerror or error}") from None
+
+
+def _write_lines(path: str | None, lines: list[str]) -> None:
+    if path is None:
+        for line in lines:
+            sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        return
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8", newline="\n") as handle:
+            handle.writelines(line + "\n" for line in lines)
+    except OSError as error:
+        raise CLIError(f"cannot write output file {path}: {error.strerror or error}") from None
+
+
+def _attention_paths(base: str, line_numbers: list[int], every: bool) -> list[tuple[int, Path]]:
+    base_path = Path(base)
+    if not every:
+        return [(line_numbers[0], base_path)] if line_numbers else []
+    suffix = base_path.suffix or ".png"
+    return [(n, base_path.with_name(f"{base_path.stem}-{n}{suffix}")) for n in line_numbers]
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.batch_size < 1:
+        raise CLIError(f"--batch_size must be at least 1, got {args.batch_size}")
+    if args.num_beams is not None and args.num_beams < 1:
+        raise CLIError(f"--num_beams must be at least 1, got {args.num_beams}")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise CLIError(f"--max_new_tokens must be at least 1, got {args.max_new_tokens}")
+    if args.text and args.input_file:
+        raise CLIError("give either TEXT arguments or --input_file, not both")
+    if args.attention_all and not args.attention:
+        raise CLIError("--attention_all needs --attention PNG")
+
+    # Read the input before loading the model: a wrong path fails fast.
+    interactive = False
+    if args.text:
+        texts = list(args.text)
+    elif args.input_file:
+        texts = _read_lines(args.input_file)
+    elif sys.stdin is not None and sys.stdin.isatty() and not args.output_file:
+        texts, interactive = [], True
+    else:
+        texts = sys.stdin.read().splitlines() if sys.stdin is not None else []
+
+    if not args.debug:
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+        try:
+            import huggingface_hub.utils
+
+            huggingface_hub.utils.logging.set_verbosity_error()
+        except (ImportError, AttributeError):
+            pass
+    from .translate import ModelLoadError, decode_ids, generate_ids, load_model_and_tokenizer, pick_device
+
+    try:
+        device = pick_device(args.device)
+    except ValueError as error:
+        raise CLIError(str(error)) from None
+    try:
+        model, tokenizer = load_model_and_tokenizer(args.model, device)
+    except ModelLoadError as error:
+        raise CLIError(str(error)) from None
+
+    options = dict(batch_size=args.batch_size, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
+                   device=device)
+    if interactive:  # a terminal: translate each line as it is typed
+        print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
+        line_number, drawn = 0, False
+        for line in sys.stdin:
+            line_number += 1
+            text = line.rstrip("\r\n")
+            [ids] = generate_ids(model, tokenizer, [text], **options)
+            print(decode_ids(tokenizer, ids), flush=True)
+            if args.attention and ids and (args.attention_all or not drawn):
+                [(_, path)] = _attention_paths(args.attention, [line_number], args.attention_all)
+                _draw(model, tokenizer, text, ids, path)
+                drawn = True
+        return EXIT_OK
+
+    progress = bool(args.input_file) and not args.no_progress
+    all_ids = generate_ids(model, tokenizer, texts, progress=progress, **options)
+    _write_lines(args.output_file, [decode_ids(tokenizer, ids) for ids in all_ids])
+
+    if args.attention:
+        line_numbers = [i + 1 for i, ids in enumerate(all_ids) if ids]
+        if not line_numbers:
+            print("warning: no non-empty input sentence, so no attention plot was drawn", file=sys.stderr)
+        for line_number, path in _attention_paths(args.attention, line_numbers, args.attention_all):
+            _draw(model, tokenizer, texts[line_number - 1], all_ids[line_number - 1], path)
+    return EXIT_OK
+
+
+def _draw(model, tokenizer, text: str, ids: list[int], path: Path) -> None:
+    from . import plotting
+
+    title = text if len(text) <= 90 else text[:87] + "..."
+    try:
+        attention = plotting.cross_attention_matrices(model, tokenizer, text, ids)
+    except TypeError as error:
+        raise CLIError(f"this model cannot return attention weights ({error})") from None
+    source_ids = tokenizer(text, truncation=True)["input_ids"][: attention.shape[-1]]
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Glyph .* missing from font")  # CJK, emoji: drawn as boxes
+            plotting.plot_attention(attention, plotting.token_labels(tokenizer, source_ids),
+                                    plotting.token_labels(tokenizer, ids), path, title=title)
+    except OSError as error:
+        raise CLIError(f"cannot write attention plot {path}: {error.strerror or error}") from None
+    print(f"attention plot written to {path}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command with `argv` (default: sys.argv[1:]); returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except CLIError as error:
+        if args.debug:
+            raise
+        print(f"hf-scratch-translate: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # e.g. piped into `head`
+        return EXIT_OK
+    except Exception as error:  # noqa: BLE001
+        if args.debug:
+            raise
+        message = " ".join(str(error).split())[:500]
+        print(f"hf-scratch-translate: error: {type(error).__name__}: {message} (run with --debug for the traceback)",
+              file=sys.stderr)
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""Batched translation of many texts: what the `hf-scratch-translate` command runs, importable on its own.
+
+    >>> model, tokenizer = load_model_and_tokenizer("path/to/saved_model")             # doctest: +SKIP
+    >>> translate_texts(model, tokenizer, ["In the beginning.", "", "Jesus wept."])     # doctest: +SKIP
+    ['En el principio.', '', 'Jesús lloró.']
+
+Texts are sorted by length and cut into batches (little padding, so less wasted compute), translated with
+`generate()`, then put back in input order. Empty (or whitespace-only) texts are never given to the model:
+they translate to empty strings, so line N of the output always belongs to line N of the input.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+WEIGHT_FILES = (
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"
+)
+
+
+class ModelLoadError(RuntimeError):
+    """The model or its tokenizer could not be loaded; the message is one line meant for a user."""
+
+
+def pick_device(requested: str | None = None) -> torch.device:
+    """`requested` if given (e.g. "cpu", "cuda:1"), else cuda if available, else mps if available, else cpu."""
+    if requested:
+        try:
+            device = torch.device(requested)
+        except RuntimeError as error:
+            raise ValueError(f"invalid --device {requested!r}: {error}") from error
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {requested!r} asked for, but CUDA is not available here")
+        if device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise ValueError(f"--device {requested!r} asked for, but MPS is not available here")
+        return device
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def _looks_like_local_path(name: str) -> bool:
+    """Anything but "owner/name" is taken for a local path (and not looked up on the hub)."""
+    return (
+        name.startswith((".", "~", os.sep, "/"))
+        or (os.altsep is not None and os.altsep in name)
+        or name.count("/") != 1
+        or Path(name).suffix in (".safetensors", ".bin", ".json")
+    )
+
+
+def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.device | str | None = None):
+    """(model in eval mode on `device`, tokenizer) from a saved directory or a hub id.
+
+    Raises `ModelLoadError` with a one-line message for a missing directory, a directory without weights,
+    or a hub id that cannot be fetched.
+    """
+    import hf_scratch_transformer  # noqa: F401  (registers the Auto classes: no trust_remote_code needed)
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    name = os.fspath(name_or_path)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not any((path / weights).is_file() for weights in WEIGHT_FILES):
+            raise ModelLoadError(
+                f"no model weights in {name} (expected model.safetensors): is it a saved model directory?"
+            )
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"no config.json in {name}: is it a saved model directory?")
+        source = str(path)
+    elif path.exists():
+        raise ModelLoadError(f"--model must be a directory saved with save_pretrained, got the file {name}")
+    elif _looks_like_local_path(name):
+        raise ModelLoadError(f"model directory not found: {name}")
+    else:
+        source = name  # perhaps a hub id
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForSeq2SeqLM.from_pretrained(source)
+    except Exception as error:  # noqa: BLE001  (hub, network and format errors all end up here)
+        reason = " ".join(str(error).split())[:300]
+        if source is name and not path.exists():
+            raise ModelLoadError(
+                f"model not found: {name} is not a local directory and could not be loaded from the hub ({reason})"
+            ) from error
+        raise ModelLoadError(f"cannot load the model in {name}: {type(error).__name__}: {reason}") from error
+    if device is not None:
+        model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def _max_source_length(model, tokenizer) -> int:
+    limits = [getattr(model.config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000]
+    return min(limits) if limits else 512
+
+
+def _generation_kwargs(model, num_beams: int | None, max_new_tokens: int | None) -> dict:
+    """Call-time overrides of the model's generation_config (only what the user asked for)."""
+    kwargs = {}
+    if num_beams is not None:
+        kwargs["num_beams"] = num_beams
+    if max_new_tokens is not None:
+        kwargs["max_new_tokens"] = max_new_tokens
+        # The saved max_length would otherwise compete with max_new_tokens (and warn).
+        kwargs["max_length"] = None
+    elif getattr(model.generation_config, "max_length", None) is None and getattr(
+        model.generation_config, "max_new_tokens", None
+    ) is None:
+        kwargs["max_new_tokens"] = 256
+    return kwargs
+
+
+def strip_generated(ids: list[int], model) -> list[int]:
+    """Generated ids without the decoder start token, cut after the first end-of-sequence token, no padding."""
+    start = model.generation_config.decoder_start_token_id
+    if start is None:
+        start = model.config.decoder_start_token_id
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos]) - {None}
+    pad = model.generation_config.pad_token_id
+    if ids and ids[0] == start:
+        ids = ids[1:]
+    out = []
+    for token_id in ids:
+        if token_id in eos:
+            out.append(token_id)
+            break
+        if token_id == pad:
+            break
+        out.append(token_id)
+    return out
+
+
+@torch.no_grad()
+def generate_ids(
+    model,
+    tokenizer,
+    texts: list[str],
+    batch_size: int = 32,
+    num_beams: int | None = None,
+    max_new_tokens: int | None = None,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+) -> list[list[int] | None]:
+    """Generated token ids per text (see `strip_generated`), None for an empty text; in input order."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    results: list[list[int] | None] = [None] * len(texts)
+    todo = [i for i, text in enumerate(texts) if text.strip()]
+    if not todo:
+        return results
+    max_length = _max_source_length(model, tokenizer)
+    encoded = tokenizer([texts[i] for i in todo], truncation=True, max_length=max_length)["input_ids"]
+    lengths = dict(zip(todo, map(len, encoded)))
+    # Longest first: similar lengths share a batch, and an out-of-memory batch shows up at once.
+    order = sorted(todo, key=lambda i: -lengths[i])
+    generation_kwargs = _generation_kwargs(model, num_beams, max_new_tokens)
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(order), unit="sent", desc="translating", dynamic_ncols=True)
+    try:
+        for begin in range(0, len(order), batch_size):
+            indices = order[begin : begin + batch_size]
+            batch = tokenizer(
+                [texts[i] for i in indices], truncation=True, max_length=max_length, padding=True, return_tensors="pt"
+            ).to(device)
+            output = model.generate(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **generation_kwargs
+            )
+            for index, ids in zip(indices, output.tolist()):
+                results[index] = strip_generated(ids, model)
+            if bar is not None:
+                bar.update(len(indices))
+    finally:
+        if bar is not None:
+            bar.close()
+    return results
+
+
+def decode_ids(tokenizer, ids: list[int] | None) -> str:
+    """One line of text: special tokens dropped, newlines in the output turned into spaces."""
+    if not ids:
+        return ""
+    # A translation cut by max_new_tokens may end inside a multi-byte character: drop the replacement mark.
+    text = tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
+    return " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
+
+
+def translate_texts(
+    model,
+    tokenizer,
+    texts: list[str],
+    batch_size: int = 32,
+    num_beams: int | None = None,
+    max_new_tokens: int | None = None,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+) -> list[str]:
+    """Translate `texts`, one output string per input, in input order; empty texts give empty strings.
+
+    `num_beams` / `max_new_tokens` default to the model's generation_config; `progress` shows a tqdm bar.
+    """
+    ids = generate_ids(model, tokenizer, texts, batch_size, num_beams, max_new_tokens, device, progress)
+    return [decode_ids(tokenizer, token_ids) for token_ids in ids]
+
+
+__all__ = [
+    "ModelLoadError",
+    "decode_ids",
+    "generate_ids",
+    "load_model_and_tokenizer",
+    "pick_device",
+    "strip_generated",
+    "translate_texts",
+]
