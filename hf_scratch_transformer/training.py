@@ -361,9 +361,17 @@ class Run:
     # -- training ------------------------------------------------------------------------------------------------
 
     def train(self) -> None:
-        args, state, accelerator = self.args, self.state, self.accelerator
+        accelerator = self.accelerator
         device = accelerator.device
-        self._install_signal_handlers()
+        previous_handlers = self._install_signal_handlers()
+        try:
+            self._train_loop(accelerator, device)
+        finally:
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
+
+    def _train_loop(self, accelerator: Accelerator, device: torch.device) -> None:
+        args, state = self.args, self.state
         progress = _progress_bar(self.total_steps, state.global_step, disable=not self.is_main)
         window_loss, window_batches, window_tokens, window_start = 0.0, 0, 0, time.time()
         self.train_model.train()
@@ -437,11 +445,11 @@ class Run:
                 f"{where}. Lower --learning_rate, raise --warmup_steps or check the data, then resume with "
                 f"--resume_from_checkpoint latest")
 
-    def _install_signal_handlers(self) -> None:
+    def _install_signal_handlers(self) -> dict:
+        """SIGINT/SIGTERM only set a flag: the loop saves a checkpoint after the current step and stops."""
         def request_stop(signum, frame):
             self.stop_signal = signum
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, request_stop)
+        return {signum: signal.signal(signum, request_stop) for signum in (signal.SIGINT, signal.SIGTERM)}
 
     def _stop_on_signal(self) -> None:
         self.save_checkpoint()
