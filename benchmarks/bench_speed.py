@@ -1,0 +1,764 @@
+#!/usr/bin/env python
+"""Speed and memory: hf_scratch_transformer vs transformers' MarianMTModel (+ CTranslate2 for greedy decoding).
+
+Covers parts 1-3 of the benchmark issue:
+  1. training throughput (non-pad tokens/s for forward + backward + AdamW step) and model FLOPs utilisation
+     against this machine's measured fp32 matmul peak;
+  2. generation throughput (new tokens/s; greedy and beam 4; batch 1 and 32; fixed number of new tokens),
+     with identical weights in both models (and in CTranslate2 for the greedy reference row);
+  3. peak memory (ru_maxrss) of training and of generation, each in a fresh subprocess.
+
+Both models get the same sizes, the same weights (copied ours -> Marian, including our sinusoid table, so the
+logits agree to float rounding; checked at start-up), the same batches and the same thread count. Repetitions
+alternate the two models (A B, B A, A B, ...) to cancel drift on a shared machine; figures are medians.
+
+    python benchmarks/bench_speed.py --quick                 # ~2-3 min, small preset only
+    python benchmarks/bench_speed.py                         # small + base, ~10 min on 2 cores
+    python benchmarks/bench_speed.py --presets small --repeats 7
+
+Writes benchmarks/results/speed.json, speed.md and the torch.profiler tables profile_*.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import transformers  # noqa: E402
+from transformers import GenerationConfig, MarianConfig, MarianMTModel  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+from hf_scratch_transformer.configuration_scratch_transformer import ScratchTransformerConfig  # noqa: E402
+from hf_scratch_transformer.modeling_scratch_transformer import (  # noqa: E402
+    ScratchTransformerForConditionalGeneration,
+)
+
+hf_logging.set_verbosity_error()
+RESULTS = Path(__file__).resolve().parent / "results"
+VOCAB = 8000
+PAD, BOS, EOS = 0, 1, 2
+FIRST_REAL_TOKEN = 4  # 0 pad, 1 <s>, 2 </s>, 3 <unk>
+OURS, MARIAN = "scratch", "marian"
+
+
+# ----------------------------------------------------------------------------------------------------- data
+def sentence_lengths(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Subword lengths of n sentences: a log-normal with mean ~30 and median ~28, clipped to 10..60 tokens
+    (roughly what a 8k BPE gives on Bible / news sentences)."""
+    return np.clip(np.round(rng.lognormal(mean=math.log(28.0), sigma=0.4, size=n)), 10, 60).astype(int)
+
+
+def make_batch(rng: np.random.Generator, batch_size: int) -> dict[str, torch.Tensor]:
+    """Random ids with realistic lengths, right-padded; targets ~ source length x U(0.8, 1.25); both end in </s>.
+
+    Returns input_ids / attention_mask (B, S) and labels (B, T) with -100 on padding, the collator's format."""
+    src_len = sentence_lengths(rng, batch_size)
+    tgt_len = np.clip(np.round(src_len * rng.uniform(0.8, 1.25, batch_size)), 10, 60).astype(int)
+    input_ids = torch.full((batch_size, int(src_len.max())), PAD, dtype=torch.long)
+    labels = torch.full((batch_size, int(tgt_len.max())), -100, dtype=torch.long)
+    for i, (s, t) in enumerate(zip(src_len, tgt_len)):
+        input_ids[i, : s - 1] = torch.from_numpy(rng.integers(FIRST_REAL_TOKEN, VOCAB, s - 1))
+        input_ids[i, s - 1] = EOS
+        labels[i, : t - 1] = torch.from_numpy(rng.integers(FIRST_REAL_TOKEN, VOCAB, t - 1))
+        labels[i, t - 1] = EOS
+    return {"input_ids": input_ids, "attention_mask": (input_ids != PAD).long(), "labels": labels}
+
+
+def batch_tokens(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
+    """(non-pad source tokens, non-pad target tokens)."""
+    return int(batch["attention_mask"].sum()), int((batch["labels"] != -100).sum())
+
+
+# --------------------------------------------------------------------------------------------------- models
+def build_pair(preset: str, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Our model (random init, seeded) and a MarianMTModel of identical sizes holding the same weights."""
+    torch.manual_seed(seed)
+    cfg = ScratchTransformerConfig.from_preset(
+        preset, vocab_size=VOCAB, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0
+    )
+    ours = ScratchTransformerForConditionalGeneration(cfg)
+    mcfg = MarianConfig(
+        vocab_size=VOCAB, decoder_vocab_size=VOCAB, d_model=cfg.d_model,
+        encoder_layers=cfg.encoder_layers, decoder_layers=cfg.decoder_layers,
+        encoder_attention_heads=cfg.encoder_attention_heads, decoder_attention_heads=cfg.decoder_attention_heads,
+        encoder_ffn_dim=cfg.encoder_ffn_dim, decoder_ffn_dim=cfg.decoder_ffn_dim,
+        dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
+        activation_function="relu", scale_embedding=True, share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS,
+        decoder_start_token_id=BOS, forced_eos_token_id=None, max_position_embeddings=cfg.max_position_embeddings,
+    )
+    marian = MarianMTModel(mcfg)
+    copy_weights_to_marian(ours, marian)
+    return ours, marian
+
+
+@torch.no_grad()
+def copy_weights_to_marian(ours, marian) -> None:
+    """Copy every weight; split packed QKV (q,k,v rows) and cross KV (k,v rows); copy our interleaved sinusoid
+    table into Marian's position embedding so the two compute the same function."""
+    o, m = ours.model, marian.model
+    m.shared.weight.copy_(o.shared.weight)
+    assert marian.lm_head.weight.data_ptr() == m.shared.weight.data_ptr(), "Marian lm_head is not tied"
+    for stack_o, stack_m in ((o.encoder, m.encoder), (o.decoder, m.decoder)):
+        stack_m.embed_positions.weight.copy_(stack_o.embed_positions.pe[: stack_m.embed_positions.weight.shape[0]])
+
+    def lin(dst, src):
+        dst.weight.copy_(src.weight)
+        dst.bias.copy_(src.bias)
+
+    def split(dsts, src):
+        for dst, w, b in zip(dsts, src.weight.chunk(len(dsts), 0), src.bias.chunk(len(dsts), 0)):
+            dst.weight.copy_(w)
+            dst.bias.copy_(b)
+
+    for lo, lm in zip(o.encoder.layers, m.encoder.layers):
+        split([lm.self_attn.q_proj, lm.self_attn.k_proj, lm.self_attn.v_proj], lo.self_attn.qkv_proj)
+        lin(lm.self_attn.out_proj, lo.self_attn.out_proj)
+        lin(lm.self_attn_layer_norm, lo.self_attn_layer_norm)
+        lin(lm.fc1, lo.feed_forward.fc1)
+        lin(lm.fc2, lo.feed_forward.fc2)
+        lin(lm.final_layer_norm, lo.final_layer_norm)
+    for lo, lm in zip(o.decoder.layers, m.decoder.layers):
+        split([lm.self_attn.q_proj, lm.self_attn.k_proj, lm.self_attn.v_proj], lo.self_attn.qkv_proj)
+        lin(lm.self_attn.out_proj, lo.self_attn.out_proj)
+        lin(lm.self_attn_layer_norm, lo.self_attn_layer_norm)
+        lin(lm.encoder_attn.q_proj, lo.cross_attn.q_proj)
+        split([lm.encoder_attn.k_proj, lm.encoder_attn.v_proj], lo.cross_attn.kv_proj)
+        lin(lm.encoder_attn.out_proj, lo.cross_attn.out_proj)
+        lin(lm.encoder_attn_layer_norm, lo.cross_attn_layer_norm)
+        lin(lm.fc1, lo.feed_forward.fc1)
+        lin(lm.fc2, lo.feed_forward.fc2)
+        lin(lm.final_layer_norm, lo.final_layer_norm)
+    marian.final_logits_bias.zero_()
+
+
+@torch.no_grad()
+def equivalence_check(ours, marian, batch) -> dict:
+    ours.eval(), marian.eval()
+    kw = {k: batch[k] for k in ("input_ids", "attention_mask", "labels")}
+    a, b = ours(**kw), marian(**kw)
+    mask = batch["labels"] != -100
+    diff = (a.logits - b.logits)[mask].abs().max().item()
+    return {"max_abs_logit_diff": diff, "loss_ours": a.loss.item(), "loss_marian": b.loss.item()}
+
+
+def param_counts(cfg) -> dict[str, int]:
+    """Weights that take part in matmuls, per token of each kind (biases, norms, embeddings lookups excluded)."""
+    D, F, V = cfg.d_model, cfg.encoder_ffn_dim, cfg.vocab_size
+    Fd = cfg.decoder_ffn_dim
+    return {
+        "encoder_per_src_token": cfg.encoder_layers * (4 * D * D + 2 * D * F),
+        "cross_kv_per_src_token": cfg.decoder_layers * 2 * D * D,
+        "decoder_per_tgt_token": cfg.decoder_layers * (4 * D * D + 2 * D * D + 2 * D * Fd) + D * V,
+    }
+
+
+def training_flops(cfg, batch) -> float:
+    """Model FLOPs of one forward + backward on `batch`, counting only non-pad tokens (documented in README).
+
+    forward matmul FLOPs = 2 x (weights used) per token; backward = 2 x forward -> 6 x weights x tokens.
+    Attention (QK^T and AV, 2 matmuls of 2*L*D FLOPs per query and layer): encoder self 4*D*sum(S_i^2),
+    decoder self 4*D*sum(T_i^2)/2 (causal half), cross 4*D*sum(S_i*T_i); times 3 for training."""
+    p = param_counts(cfg)
+    src = batch["attention_mask"].sum(1).double()
+    tgt = (batch["labels"] != -100).sum(1).double()
+    D = cfg.d_model
+    dense = 6 * (src.sum() * (p["encoder_per_src_token"] + p["cross_kv_per_src_token"])
+                 + tgt.sum() * p["decoder_per_tgt_token"])
+    attn = 3 * 4 * D * (cfg.encoder_layers * (src**2).sum()
+                        + cfg.decoder_layers * ((tgt**2).sum() / 2 + (src * tgt).sum()))
+    return float(dense + attn)
+
+
+# ------------------------------------------------------------------------------------------------ utilities
+def median(xs):
+    return float(statistics.median(xs))
+
+
+def measure_matmul_peak(quick: bool) -> dict:
+    """Best-of-sizes median GFLOP/s of a square fp32 torch.mm with the benchmark's thread count."""
+    out = {}
+    for n in ((2048, 4096) if not quick else (2048, 3072)):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        c = torch.empty(n, n)
+        for _ in range(2):
+            torch.mm(a, b, out=c)
+        times = []
+        for _ in range(5 if not quick else 3):
+            t = time.perf_counter()
+            torch.mm(a, b, out=c)
+            times.append(time.perf_counter() - t)
+        out[str(n)] = 2 * n**3 / median(times) / 1e9
+        del a, b, c
+    return {"gflops_by_size": out, "peak_gflops": max(out.values())}
+
+
+def alternate(names, rep):
+    return names if rep % 2 == 0 else names[::-1]
+
+
+# ------------------------------------------------------------------------------------------------- training
+def train_step(model, opt, batch):
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+    out.loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return out.loss
+
+
+def bench_training(models: dict, cfg, batches, repeats, warmup, steps_per_rep) -> dict:
+    opts = {}
+    for name, m in models.items():
+        m.train()
+        opts[name] = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    for name, m in models.items():
+        for i in range(warmup):
+            train_step(m, opts[name], batches[i % len(batches)])
+    rates = {n: [] for n in models}
+    flops_rates = {n: [] for n in models}
+    for rep in range(repeats):
+        chosen = [batches[(rep * steps_per_rep + j) % len(batches)] for j in range(steps_per_rep)]
+        tokens = sum(sum(batch_tokens(b)) for b in chosen)
+        flops = sum(training_flops(cfg, b) for b in chosen)
+        for name in alternate(list(models), rep):
+            gc.collect()
+            t = time.perf_counter()
+            for b in chosen:
+                train_step(models[name], opts[name], b)
+            dt = time.perf_counter() - t
+            rates[name].append(tokens / dt)
+            flops_rates[name].append(flops / dt / 1e9)
+    return {
+        name: {
+            "tokens_per_s": median(rates[name]),
+            "tokens_per_s_all": [round(r, 1) for r in rates[name]],
+            "tokens_per_s_best": max(rates[name]),
+            "achieved_gflops": median(flops_rates[name]),
+        }
+        for name in models
+    }
+
+
+# ----------------------------------------------------------------------------------------------- generation
+def gen_config(num_beams, new_tokens):
+    return GenerationConfig(
+        decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
+        num_beams=num_beams, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+        early_stopping=True if num_beams > 1 else False, use_cache=True,
+    )
+
+
+@torch.inference_mode()
+def run_generate(model, batch, num_beams, new_tokens):
+    return model.generate(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+        generation_config=gen_config(num_beams, new_tokens),
+    )
+
+
+def bench_generation(models: dict, batch, num_beams, new_tokens, repeats, warmup, ct2=None) -> dict:
+    for m in models.values():
+        m.eval()
+    fns = {name: (lambda m=m: run_generate(m, batch, num_beams, new_tokens)) for name, m in models.items()}
+    if ct2 is not None:
+        fns["ctranslate2"] = lambda: ct2.translate(batch, num_beams, new_tokens)
+    outputs = {}
+    for name, fn in fns.items():
+        for _ in range(warmup):
+            outputs[name] = fn()
+    times = {n: [] for n in fns}
+    for rep in range(repeats):
+        for name in alternate(list(fns), rep):
+            t = time.perf_counter()
+            fn = fns[name]
+            fn()
+            times[name].append(time.perf_counter() - t)
+    n_new = batch["input_ids"].shape[0] * new_tokens
+    res = {name: {"tokens_per_s": n_new / median(ts), "median_s": median(ts), "tokens_per_s_best": n_new / min(ts),
+                  "seconds_all": [round(t, 4) for t in ts]} for name, ts in times.items()}
+    # sanity: every system produced exactly new_tokens tokens per sentence, and how often they agree
+    seqs = {}
+    for name, out in outputs.items():
+        if name == "ctranslate2":
+            seqs[name] = out
+        else:
+            seqs[name] = [row[1:].tolist() for row in out]  # drop the decoder start token
+        assert all(len(s) == new_tokens for s in seqs[name]), f"{name} did not produce {new_tokens} tokens"
+    ref = seqs[OURS]
+    for name, s in seqs.items():
+        if name != OURS:
+            res[name]["same_output_as_scratch"] = sum(a == b for a, b in zip(ref, s)) / len(ref)
+    return res
+
+
+# ---------------------------------------------------------------------------------------------- CTranslate2
+class CT2Reference:
+    """Our weights in a CTranslate2 TransformerSpec (post-norm, our sinusoid table, <s> start, no pad-row drop)."""
+
+    def __init__(self, ours, threads: int):
+        import ctranslate2
+        from ctranslate2.specs import common_spec, transformer_spec
+
+        self.version = ctranslate2.__version__
+        cfg = ours.config
+        spec = transformer_spec.TransformerSpec.from_config(
+            (cfg.encoder_layers, cfg.decoder_layers), cfg.encoder_attention_heads,
+            pre_norm=cfg.normalize_before, activation=common_spec.Activation.RELU,
+        )
+        sd = {k: v.detach().clone().float().numpy() for k, v in ours.state_dict().items()}
+        sd["model.encoder.embed_positions.pe"] = ours.model.encoder.embed_positions.pe.numpy().copy()
+        sd["model.decoder.embed_positions.pe"] = ours.model.decoder.embed_positions.pe.numpy().copy()
+
+        def lin(s, prefix):
+            s.weight, s.bias = sd[prefix + ".weight"], sd[prefix + ".bias"]
+
+        def ln(s, prefix):
+            s.gamma, s.beta = sd[prefix + ".weight"], sd[prefix + ".bias"]
+
+        for stack_spec, stack in ((spec.encoder, "model.encoder"), (spec.decoder, "model.decoder")):
+            stack_spec.scale_embeddings = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
+            stack_spec.position_encodings.encodings = sd[stack + ".embed_positions.pe"]
+            emb = stack_spec.embeddings[0] if isinstance(stack_spec.embeddings, list) else stack_spec.embeddings
+            emb.weight = sd["model.shared.weight"]
+        for i, layer in enumerate(spec.encoder.layer):
+            p = f"model.encoder.layers.{i}"
+            lin(layer.self_attention.linear[0], p + ".self_attn.qkv_proj")
+            lin(layer.self_attention.linear[1], p + ".self_attn.out_proj")
+            ln(layer.self_attention.layer_norm, p + ".self_attn_layer_norm")
+            lin(layer.ffn.linear_0, p + ".feed_forward.fc1")
+            lin(layer.ffn.linear_1, p + ".feed_forward.fc2")
+            ln(layer.ffn.layer_norm, p + ".final_layer_norm")
+        for i, layer in enumerate(spec.decoder.layer):
+            p = f"model.decoder.layers.{i}"
+            lin(layer.self_attention.linear[0], p + ".self_attn.qkv_proj")
+            lin(layer.self_attention.linear[1], p + ".self_attn.out_proj")
+            ln(layer.self_attention.layer_norm, p + ".self_attn_layer_norm")
+            lin(layer.attention.linear[0], p + ".cross_attn.q_proj")
+            lin(layer.attention.linear[1], p + ".cross_attn.kv_proj")
+            lin(layer.attention.linear[2], p + ".cross_attn.out_proj")
+            ln(layer.attention.layer_norm, p + ".cross_attn_layer_norm")
+            lin(layer.ffn.linear_0, p + ".feed_forward.fc1")
+            lin(layer.ffn.linear_1, p + ".feed_forward.fc2")
+            ln(layer.ffn.layer_norm, p + ".final_layer_norm")
+        spec.decoder.projection.weight = sd["model.shared.weight"]  # tied output projection, no bias
+        self.tokens = ["<pad>", "<s>", "</s>", "<unk>"] + [f"t{i}" for i in range(FIRST_REAL_TOKEN, VOCAB)]
+        spec.register_source_vocabulary(self.tokens)
+        spec.register_target_vocabulary(self.tokens)
+        spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = "<s>", "</s>", "<unk>"
+        spec.config.decoder_start_token = "<s>"
+        spec.validate()
+        spec.optimize(quantization="float32")
+        self.tmp = tempfile.TemporaryDirectory(prefix="ct2_bench_")
+        spec.save(self.tmp.name)
+        self.translator = ctranslate2.Translator(
+            self.tmp.name, device="cpu", compute_type="float32", intra_threads=threads, inter_threads=1
+        )
+        self.index = {t: i for i, t in enumerate(self.tokens)}
+
+    def translate(self, batch, num_beams, new_tokens):
+        source = [[self.tokens[i] for i in row if i != PAD] for row in batch["input_ids"].tolist()]
+        results = self.translator.translate_batch(
+            source, beam_size=num_beams, max_decoding_length=new_tokens, min_decoding_length=new_tokens,
+            max_batch_size=0, return_scores=False,
+        )
+        return [[self.index[t] for t in r.hypotheses[0]] for r in results]
+
+    @torch.no_grad()
+    def check_logits(self, ours, batch) -> float:
+        """Max |log-softmax difference| of teacher-forced target scores, CT2 vs ours (eval mode)."""
+        ours.eval()
+        src = [[self.tokens[i] for i in row if i != PAD] for row in batch["input_ids"][:4].tolist()]
+        # CT2 appends </s> to each target itself, so score the labels without their final </s>
+        tgt = [[self.tokens[i] for i in row if i != -100][:-1] for row in batch["labels"][:4].tolist()]
+        ct = self.translator.score_batch(src, tgt)
+        out = ours(input_ids=batch["input_ids"][:4], attention_mask=batch["attention_mask"][:4],
+                   labels=batch["labels"][:4])
+        lp = out.logits.log_softmax(-1)
+        worst = 0.0
+        for i, r in enumerate(ct):
+            ids = [self.index[t] for t in r.tokens]  # the target tokens + </s>, as scored by CT2
+            mine = lp[i, torch.arange(len(ids)), torch.tensor(ids)]
+            worst = max(worst, (mine - torch.tensor(r.log_probs)).abs().max().item())
+        return worst
+
+
+# ----------------------------------------------------------------------------------------------- profiling
+def write_profiles(ours, cfg_name, train_batch, gen_batch, new_tokens) -> dict[str, str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    files = {}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    model = copy.deepcopy(ours)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    train_step(model, opt, train_batch)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        train_step(model, opt, train_batch)
+    path = RESULTS / f"profile_train_{cfg_name}.txt"
+    path.write_text(
+        f"torch.profiler, scratch model, one training step (fwd+bwd+AdamW), preset {cfg_name}, "
+        f"batch {tuple(train_batch['input_ids'].shape)} src / {tuple(train_batch['labels'].shape)} tgt\n\n"
+        + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+    )
+    files["train"] = path.name
+    model.eval()
+    run_generate(model, gen_batch, 1, new_tokens)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run_generate(model, gen_batch, 1, new_tokens)
+    path = RESULTS / f"profile_generate_greedy_{cfg_name}.txt"
+    path.write_text(
+        f"torch.profiler, scratch model, greedy generate(), preset {cfg_name}, batch "
+        f"{gen_batch['input_ids'].shape[0]}, {new_tokens} new tokens\n\n"
+        + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+    )
+    files["generate_greedy"] = path.name
+    return files
+
+
+# -------------------------------------------------------------------------------------------------- memory
+def memory_worker(model_name, preset, task, new_tokens, seed) -> None:
+    """Runs in a fresh process: build both models (same weights), keep one, run the task, print JSON.
+
+    Peak = the kernel's resident-set high-water mark (VmHWM), reset just before the task through
+    /proc/self/clear_refs so that building the models does not count. (ru_maxrss is not usable in a child of
+    the big benchmark process: Linux carries it across fork+exec, so every child reported the parent's peak.)"""
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
+    ours, marian = build_pair(preset, seed)
+    model = ours if model_name == OURS else marian
+    del ours, marian
+    gc.collect()
+    rng = np.random.default_rng(seed + 1)
+    if task == "train":
+        batches = [make_batch(rng, 64) for _ in range(3)]
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        run = lambda: [train_step(model, opt, b) for b in batches]  # noqa: E731
+    else:
+        _, beams, bs = task.split("_")  # e.g. generate_beam4_b32
+        batch = make_batch(rng, int(bs[1:]))
+        beams = 1 if beams == "greedy" else int(beams.replace("beam", ""))
+        run = lambda: run_generate(model, batch, beams, new_tokens)  # noqa: E731
+    gc.collect()
+    setup_peak = proc_status_mib("VmHWM")
+    reset = reset_peak_rss()
+    before = proc_status_mib("VmRSS")
+    run()
+    peak = proc_status_mib("VmHWM")
+    print("MEMORY_JSON " + json.dumps({"peak_rss_mib": peak, "rss_before_task_mib": before,
+                                       "task_delta_mib": peak - before, "setup_peak_rss_mib": setup_peak,
+                                       "peak_reset_before_task": reset}))
+
+
+def proc_status_mib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024  # kB -> MiB
+    return float("nan")
+
+
+def reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+        return True
+    except OSError:
+        return False
+
+
+def measure_memory(model_name, preset, task, new_tokens, seed, threads) -> dict:
+    cmd = [sys.executable, __file__, "--_memory-worker", model_name, preset, task, str(new_tokens), str(seed)]
+    env = {**os.environ, "BENCH_THREADS": str(threads)}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+    line = next(l for l in out.splitlines() if l.startswith("MEMORY_JSON "))
+    return json.loads(line[len("MEMORY_JSON "):])
+
+
+# ----------------------------------------------------------------------------------------------- machine
+def machine_info(threads) -> dict:
+    cpu = platform.processor()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = ""
+    try:
+        flags = next(l for l in open("/proc/cpuinfo") if l.startswith("flags"))
+    except (OSError, StopIteration):
+        pass
+    info = {
+        "cpu": cpu,
+        "logical_cpus": os.cpu_count(),
+        "torch_threads": threads,
+        "avx512f": " avx512f" in flags, "amx": " amx_tile" in flags,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": platform.platform(),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+    }
+    try:
+        import ctranslate2
+
+        info["ctranslate2"] = ctranslate2.__version__
+    except ImportError:
+        info["ctranslate2"] = None
+    try:
+        info["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                            text=True).stdout.strip()
+    except OSError:
+        pass
+    return info
+
+
+# ------------------------------------------------------------------------------------------------- report
+def ratio(a, b):
+    return a / b if b else float("nan")
+
+
+def targets(results) -> list[dict]:
+    rows = []
+    for preset, r in results["presets"].items():
+        tr = r["training"]
+        x = ratio(tr[OURS]["tokens_per_s"], tr[MARIAN]["tokens_per_s"])
+        rows.append(dict(target=f"[{preset}] training tokens/s >= 1.3x MarianMT", value=f"{x:.2f}x",
+                         met=x >= 1.3, gap=None if x >= 1.3 else f"{(1.3 / x - 1) * 100:.0f}% short"))
+        mfu = tr[OURS]["mfu"]
+        rows.append(dict(target=f"[{preset}] training MFU >= 70% of measured matmul peak", value=f"{mfu * 100:.0f}%",
+                         met=mfu >= 0.70, gap=None if mfu >= 0.7 else f"{(0.70 - mfu) * 100:.0f} points short"))
+        for bs in ("b1", "b32"):
+            g = r["generation"].get(f"greedy_{bs}")
+            if not g:
+                continue
+            x = ratio(g[OURS]["tokens_per_s"], g[MARIAN]["tokens_per_s"])
+            rows.append(dict(target=f"[{preset}] greedy {bs} tokens/s >= 2x MarianMT", value=f"{x:.2f}x",
+                             met=x >= 2, gap=None if x >= 2 else f"{(2 / x - 1) * 100:.0f}% short"))
+            if "ctranslate2" in g:
+                y = ratio(g["ctranslate2"]["tokens_per_s"], g[OURS]["tokens_per_s"])
+                rows.append(dict(target=f"[{preset}] greedy {bs}: CTranslate2 fp32 <= 2x our speed",
+                                 value=f"CT2 is {y:.2f}x ours", met=y <= 2,
+                                 gap=None if y <= 2 else f"we need {y / 2:.2f}x more speed"))
+        mem = r.get("memory", {}).get("train")
+        if mem:
+            a, b = mem[OURS]["task_delta_mib"], mem[MARIAN]["task_delta_mib"]
+            rows.append(dict(target=f"[{preset}] peak training memory <= MarianMT's",
+                             value=f"{a:.0f} vs {b:.0f} MiB (task delta); peak RSS "
+                                   f"{mem[OURS]['peak_rss_mib']:.0f} vs {mem[MARIAN]['peak_rss_mib']:.0f} MiB",
+                             met=a <= b and mem[OURS]["peak_rss_mib"] <= mem[MARIAN]["peak_rss_mib"],
+                             gap=None if a <= b else f"{(a / b - 1) * 100:.0f}% more"))
+    return rows
+
+
+def real_share(results) -> float:
+    real = sum(b["src_tokens"] + b["tgt_tokens"] for b in results["train_batches"])
+    padded = sum(math.prod(b["padded_shape"][0]) + math.prod(b["padded_shape"][1]) for b in results["train_batches"])
+    return real / padded
+
+
+def render_markdown(results) -> str:
+    m = results["machine"]
+    L = [
+        "# Speed and memory: hf_scratch_transformer vs MarianMTModel",
+        "",
+        f"Machine: **{m['cpu']}**, {m['logical_cpus']} logical CPUs, torch threads {m['torch_threads']}, "
+        f"AVX-512 {'yes' if m['avx512f'] else 'no'}, AMX {'yes' if m['amx'] else 'no'}; "
+        f"Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, "
+        f"CTranslate2 {m.get('ctranslate2') or 'not installed'}; {m['date_utc']} UTC, commit {m.get('git_commit', '?')}.",
+        f"Mode: {'quick' if results['settings']['quick'] else 'full'}; "
+        f"{results['settings']['repeats']} timed repetitions per figure (median, models alternated ABAB) after "
+        f"{results['settings']['warmup']} warm-up; {results['settings']['new_tokens']} new tokens per sentence in "
+        f"generation; training batches of {results['settings']['train_batch_size']} sentence pairs.",
+        f"Measured fp32 matmul peak (torch.mm): **{results['matmul_peak']['peak_gflops']:.0f} GFLOP/s** "
+        f"({', '.join(f'{k}: {v:.0f}' for k, v in results['matmul_peak']['gflops_by_size'].items())}; "
+        f"{results['matmul_peak_at_end']['peak_gflops']:.0f} GFLOP/s when re-measured at the end: a gap means "
+        f"the shared machine was busy). MFU uses the higher one, {results['mfu_peak_gflops']:.0f} GFLOP/s.",
+        f"Presets in this run: {', '.join(results['settings']['presets'])}. Training batches hold "
+        f"{real_share(results):.0%} real tokens (the rest is padding); MFU counts only the real ones.",
+        "",
+        "| preset | measure | scratch | MarianMT | ratio | CTranslate2 fp32 |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for preset, r in results["presets"].items():
+        tr = r["training"]
+        L.append(f"| {preset} | training, non-pad tokens/s (src+tgt) | {tr[OURS]['tokens_per_s']:,.0f} | "
+                 f"{tr[MARIAN]['tokens_per_s']:,.0f} | **{ratio(tr[OURS]['tokens_per_s'], tr[MARIAN]['tokens_per_s']):.2f}x** | |")
+        L.append(f"| {preset} | training MFU (model GFLOP/s / peak) | {tr[OURS]['mfu'] * 100:.1f}% "
+                 f"({tr[OURS]['achieved_gflops']:.0f}) | {tr[MARIAN]['mfu'] * 100:.1f}% ({tr[MARIAN]['achieved_gflops']:.0f}) | | |")
+        for key, g in r["generation"].items():
+            mode, bs = key.split("_")
+            ct = g.get("ctranslate2")
+            ct_s = f"{ct['tokens_per_s']:,.0f}" if ct else ""
+            L.append(f"| {preset} | {mode} {bs[1:]}x, new tokens/s | {g[OURS]['tokens_per_s']:,.0f} | "
+                     f"{g[MARIAN]['tokens_per_s']:,.0f} | **{ratio(g[OURS]['tokens_per_s'], g[MARIAN]['tokens_per_s']):.2f}x** | {ct_s} |")
+        for task, mem in r.get("memory", {}).items():
+            L.append(f"| {preset} | peak RSS {task}, MiB (task delta) | {mem[OURS]['peak_rss_mib']:,.0f} "
+                     f"(+{mem[OURS]['task_delta_mib']:,.0f}) | {mem[MARIAN]['peak_rss_mib']:,.0f} "
+                     f"(+{mem[MARIAN]['task_delta_mib']:,.0f}) | {ratio(mem[OURS]['task_delta_mib'], mem[MARIAN]['task_delta_mib']):.2f}x | |")
+    L += ["", "## Targets", "", "| target | measured | met | gap |", "|---|---|:-:|---|"]
+    for t in results["targets"]:
+        L.append(f"| {t['target']} | {t['value']} | {'yes' if t['met'] else '**no**'} | {t['gap'] or ''} |")
+    L += ["", "Parts 4-5 of the issue (BLEU at equal budget, time to quality) are not measured by this script.", ""]
+    checks = []
+    for preset, r in results["presets"].items():
+        e = r["equivalence"]
+        checks.append(f"{preset}: max |logit diff| scratch vs Marian {e['max_abs_logit_diff']:.1e}"
+                      + (f", scratch vs CT2 max |log-prob diff| {r['ct2_logprob_diff']:.1e}" if r.get("ct2_logprob_diff") is not None else ""))
+    L.append("Same-function checks (identical weights): " + "; ".join(checks) + ".")
+    if results.get("ct2_error"):
+        L.append(f"CTranslate2 row missing: {results['ct2_error']}")
+    prof = results.get("profiles", {})
+    if prof:
+        L.append("Where a target is missed, see the torch.profiler tables: "
+                 + ", ".join(f"[{v}]({v})" for v in prof.values()) + ".")
+    return "\n".join(L) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------- main
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small preset, 3 repeats, short generations")
+    ap.add_argument("--presets", nargs="+", default=None, help="default: small base (quick: small)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed repetitions per figure (default 5, quick 3)")
+    ap.add_argument("--warmup", type=int, default=None)
+    ap.add_argument("--new-tokens", type=int, default=None, help="new tokens per sentence (default 32, quick 24)")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--no-ct2", action="store_true")
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--output", default=str(RESULTS / "speed.json"))
+    ap.add_argument("--render", metavar="JSON", help="only recompute MFU/targets and rewrite the .md of a results JSON")
+    ap.add_argument("--_memory-worker", nargs=5, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args._memory_worker:
+        name, preset, task, n, seed = args._memory_worker
+        memory_worker(name, preset, task, int(n), int(seed))
+        return
+    if args.render:
+        finish(json.loads(Path(args.render).read_text()), Path(args.render))
+        return
+
+    torch.set_num_threads(args.threads)
+    presets = args.presets or (["small"] if args.quick else ["small", "base"])
+    repeats = args.repeats or (3 if args.quick else 5)
+    warmup = args.warmup if args.warmup is not None else 1
+    new_tokens = args.new_tokens or (24 if args.quick else 32)
+    train_batch_size, steps_per_rep = 64, 1
+    rng = np.random.default_rng(args.seed + 1)
+    train_batches = [make_batch(rng, train_batch_size) for _ in range(max(4, steps_per_rep * 2))]
+    gen_batches = {"b1": make_batch(rng, 1), "b32": make_batch(rng, 32)}
+
+    results = {
+        "machine": machine_info(args.threads),
+        "settings": dict(quick=args.quick, presets=presets, repeats=repeats, warmup=warmup, new_tokens=new_tokens,
+                         train_batch_size=train_batch_size, steps_per_rep=steps_per_rep, seed=args.seed,
+                         vocab_size=VOCAB, length_distribution="lognormal(ln 28, 0.4) clipped to [10, 60]; "
+                         "target = source x U(0.8, 1.25)"),
+        "train_batches": [dict(zip(("src_tokens", "tgt_tokens"), batch_tokens(b)),
+                               padded_shape=[list(b["input_ids"].shape), list(b["labels"].shape)])
+                          for b in train_batches],
+        "presets": {},
+    }
+    print(f"machine: {results['machine']['cpu']}, threads {args.threads}", flush=True)
+    results["matmul_peak"] = peak = measure_matmul_peak(args.quick)
+    print(f"fp32 matmul peak: {peak['peak_gflops']:.0f} GFLOP/s", flush=True)
+
+    for preset in presets:
+        ours, marian = build_pair(preset, args.seed)
+        cfg = ours.config
+        r = results["presets"][preset] = {
+            "config": {k: getattr(cfg, k) for k in ("d_model", "encoder_layers", "decoder_layers",
+                                                    "encoder_attention_heads", "encoder_ffn_dim", "vocab_size", "dropout")},
+            "parameters": sum(p.numel() for p in ours.parameters()),
+            "parameters_marian": sum(p.numel() for p in marian.parameters()),
+            "matmul_params_per_token": param_counts(cfg),
+            "equivalence": equivalence_check(ours, marian, train_batches[0]),
+        }
+        print(f"[{preset}] params {r['parameters']:,}; equivalence {r['equivalence']}", flush=True)
+
+        # 2. generation (before training changes the weights; both hold the same weights anyway)
+        ct2 = None
+        if not args.no_ct2:
+            try:
+                ct2 = CT2Reference(ours, args.threads)
+                r["ct2_logprob_diff"] = ct2.check_logits(ours, train_batches[0])
+                results["machine"]["ctranslate2"] = ct2.version
+            except Exception as exc:  # reported in the results, never faked
+                results["ct2_error"] = f"{type(exc).__name__}: {exc}"
+                print("CTranslate2 unavailable:", results["ct2_error"], flush=True)
+        r["generation"] = {}
+        for mode, beams in (("greedy", 1), ("beam4", 4)):
+            for bs, batch in gen_batches.items():
+                res = bench_generation({OURS: ours, MARIAN: marian}, batch, beams, new_tokens, repeats, warmup,
+                                       ct2 if beams == 1 else None)
+                r["generation"][f"{mode}_{bs}"] = res
+                print(f"[{preset}] {mode} {bs}: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in res.items()),
+                      flush=True)
+        del ct2
+
+        if not args.no_profile and preset == presets[0]:
+            results.setdefault("profiles", {}).update(
+                {f"{preset}_{k}": v for k, v in write_profiles(ours, preset, train_batches[0], gen_batches["b32"],
+                                                               new_tokens).items()})
+
+        # 1. training throughput
+        tr = bench_training({OURS: ours, MARIAN: marian}, cfg, train_batches, repeats, warmup, steps_per_rep)
+        r["training"] = tr
+        r["training_flops_per_batch"] = [training_flops(cfg, b) for b in train_batches]
+        print(f"[{preset}] training: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s {v['achieved_gflops']:.0f} GFLOP/s"
+                                                   for k, v in tr.items()), flush=True)
+        del ours, marian
+        gc.collect()
+
+        # 3. memory, one fresh process per (model, task)
+        if not args.no_memory:
+            tasks = ["train", "generate_beam4_b32"]
+            r["memory"] = {}
+            for task in tasks:
+                r["memory"][task] = {name: measure_memory(name, preset, task, new_tokens, args.seed, args.threads)
+                                     for name in (OURS, MARIAN)}
+                print(f"[{preset}] memory {task}: {r['memory'][task]}", flush=True)
+
+    results["matmul_peak_at_end"] = measure_matmul_peak(args.quick)  # drift / contention indicator
+    finish(results, Path(args.output))
+
+
+def finish(results: dict, out: Path) -> None:
+    """MFU against the higher of the two peak measurements (a busy machine only lowers the measured peak, and
+    a lower peak would flatter the MFU), the target check, then speed.json and speed.md."""
+    peak = max(results["matmul_peak"]["peak_gflops"], results.get("matmul_peak_at_end", {}).get("peak_gflops", 0))
+    results["mfu_peak_gflops"] = peak
+    for r in results["presets"].values():
+        for v in r["training"].values():
+            v["mfu"] = v["achieved_gflops"] / peak
+    results["targets"] = targets(results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    md = render_markdown(results)
+    out.with_suffix(".md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
