@@ -5,6 +5,8 @@ Every source (the shipped English–Spanish Bible, a Hub dataset, local json/jso
 language code, the convention of Hub translation datasets. Argument names follow transformers' ``run_translation.py``.
 """
 
+import gzip
+import json
 import os
 import random
 from collections.abc import Iterator, Sequence
@@ -19,6 +21,7 @@ from transformers import DataCollatorForSeq2Seq
 CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
 SPLITS = ("train", "validation", "test")
 SHIPPED_CORPUS_FILES = {split: CORPUS_DIR / f"bible_en_es.{split}.jsonl.gz" for split in SPLITS}
+KEY_SAMPLE = 1000  # records looked at for the language keys when the schema does not list them
 SPLIT_ALIASES = {"valid": "validation", "dev": "validation", "eval": "validation"}
 FILE_BUILDERS = {
     ".json": ("json", {}),
@@ -62,11 +65,30 @@ class DataArguments:
         default=500_000, metadata={"help": "Train the tokenizer on at most this many sampled sentences."}
     )
     max_tokens: int | None = field(
-        default=None,
+        default=2048,
         metadata={
-            "help": "Token budget per batch (batch size x longest padded side); unset: fixed-size sentence batches."
+            "help": "Token budget per batch (batch size x longest padded side); 0: fixed-size sentence batches of "
+            "--per_device_train_batch_size."
         },
     )
+
+
+# ----------------------------------------------------------------------------------------------------------- errors
+
+
+class CorpusError(ValueError):
+    """A corpus that cannot be used as given; the message names the file (and line) and what to fix."""
+
+
+class CorpusFileNotFoundError(CorpusError, FileNotFoundError):
+    """A corpus file that does not exist."""
+
+
+class CorpusKeyError(CorpusError, KeyError):
+    """A language key or column absent from the corpus."""
+
+    def __str__(self) -> str:  # KeyError would show the message in quotes
+        return str(self.args[0]) if self.args else ""
 
 
 # ---------------------------------------------------------------------------------------------------------- loading
@@ -87,7 +109,7 @@ def load_parallel_corpus(args: DataArguments, seed: int = 42) -> DatasetDict | I
         corpus = load_dataset("json", data_files=files, streaming=args.streaming)
     corpus = {SPLIT_ALIASES.get(name, name): split for name, split in corpus.items()}
     if "train" not in corpus:
-        raise ValueError(f"The corpus has no train split (splits found: {sorted(corpus)}).")
+        raise CorpusError(f"The corpus has no train split (splits found: {sorted(corpus)}).")
     corpus = _carve_missing_splits(corpus, args.validation_split_percentage, seed)
     for name in SPLITS:
         _check_language_keys(corpus[name], name, args.source_lang, args.target_lang)
@@ -110,7 +132,7 @@ def _load_hub_dataset(args: DataArguments):
 def _load_local_files(args: DataArguments) -> dict:
     """Load each given file (json, jsonl, csv or tsv, chosen by extension) as one split."""
     if not args.train_file:
-        raise ValueError("--validation_file / --test_file need a --train_file as well.")
+        raise CorpusError("--validation_file / --test_file need a --train_file as well.")
     given = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
     return {split: _load_file(path, split, args) for split, path in given.items() if path}
 
@@ -118,31 +140,87 @@ def _load_local_files(args: DataArguments) -> dict:
 def _load_file(path: str, split: str, args: DataArguments):
     """Load one local file as a split with a ``translation`` column."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"The {split} file {path!r} does not exist.")
+        raise CorpusFileNotFoundError(f"The {split} file {path!r} does not exist.")
     suffix = Path(path.removesuffix(".gz")).suffix.lower()
     if suffix not in FILE_BUILDERS:
-        raise ValueError(f"Cannot read {path!r}: the extension must be one of {sorted(FILE_BUILDERS)} (or that + .gz).")
+        raise CorpusError(
+            f"Cannot read {path!r}: the extension must be one of {sorted(FILE_BUILDERS)} (or that + .gz)."
+        )
     if os.path.getsize(path) == 0:
-        raise ValueError(f"The {split} file {path!r} is empty.")
+        raise CorpusError(f"The {split} file {path!r} is empty.")
+    _check_utf8(path, split)
     builder, options = FILE_BUILDERS[suffix]
     try:
         dataset = load_dataset(builder, data_files={split: path}, split=split, streaming=args.streaming, **options)
-    except ValueError as error:
-        message = f"The {split} file {path!r} holds no examples or is not valid {suffix[1:]}: {error}"
-        raise ValueError(message) from error
-    if _is_empty(dataset):
-        raise ValueError(f"The {split} file {path!r} holds no examples.")
+        empty = _is_empty(dataset)
+    except Exception as error:  # noqa: BLE001  (pyarrow, pandas and datasets each raise their own kind)
+        where = _json_error_location(path) if builder == "json" else None
+        cause = error.__cause__ or error
+        if where:
+            raise CorpusError(f"The {split} file {path!r} is not valid {suffix[1:]}: {where}") from error
+        reason = f"{type(cause).__name__}: {' '.join(str(cause).split())[:300]}"
+        raise CorpusError(f"The {split} file {path!r} holds no examples or is not valid {suffix[1:]}: {reason}") from error
+    if empty:
+        raise CorpusError(f"The {split} file {path!r} holds no examples.")
     columns = dataset.column_names or list(next(iter(dataset)).keys())
     if "translation" in columns:
         return dataset
     missing = [lang for lang in (args.source_lang, args.target_lang) if lang not in columns]
     if missing:
-        raise KeyError(
+        raise CorpusKeyError(
             f"The {split} file {path!r} has neither a `translation` column nor columns for the languages {missing}; "
             f"its columns are {columns}."
         )
     to_pairs = partial(_columns_to_translation, languages=(args.source_lang, args.target_lang))
     return dataset.map(to_pairs, batched=True, remove_columns=columns)
+
+
+def _open_binary(path: str):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def _check_utf8(path: str, split: str) -> None:
+    """Refuse a file that is not UTF-8 (the json reader would silently replace the bad bytes), naming the line."""
+    try:
+        with _open_binary(path) as handle:
+            for number, line in enumerate(handle, start=1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise CorpusError(
+                        f"The {split} file {path!r} is not UTF-8: line {number}, byte {error.start + 1} of the line "
+                        f"({line[error.start:error.start + 1]!r}). Convert it, e.g. `iconv -f latin1 -t utf-8`."
+                    ) from None
+    except (OSError, EOFError) as error:  # unreadable, or a corrupt .gz
+        raise CorpusError(f"Cannot read the {split} file {path!r}: {error}") from error
+
+
+def _json_error_location(path: str) -> str | None:
+    """Where a JSON Lines (or JSON) file first fails to parse: "line N: reason", or None if it parses."""
+    with _open_binary(path) as handle:
+        text = handle.read().decode("utf-8", errors="replace")
+    lines = text.splitlines()
+    first = next((line for line in lines if line.strip()), "")
+    try:
+        json_lines = isinstance(json.loads(first), dict)
+    except json.JSONDecodeError:
+        json_lines = not first.lstrip().startswith(("[", "{"))
+    if json_lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                return f"line {number}, column {error.colno}: {error.msg}"
+            if not isinstance(record, dict):
+                return f"line {number}: a JSON object per line is expected, got {type(record).__name__}"
+        return None
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as error:
+        return f"line {error.lineno}, column {error.colno}: {error.msg}"
+    return None
 
 
 def _columns_to_translation(batch: dict, languages: tuple[str, str]) -> dict:
@@ -170,6 +248,11 @@ def _carve_missing_splits(corpus: dict, percentage: int, seed: int) -> dict:
         corpus["train"] = train.filter(partial(_index_past_slots, period=period, slots=carved), with_indices=True)
         return corpus
     for name in missing:
+        if len(corpus["train"]) < 2:
+            raise CorpusError(
+                f"The train split has only {len(corpus['train'])} pairs: too few to carve a {name} split of "
+                f"{percentage}% out of it. Give --validation_file and --test_file, or a larger corpus."
+            )
         parts = corpus["train"].train_test_split(test_size=percentage / 100, seed=seed, shuffle=True)
         corpus["train"], corpus[name] = parts["train"], parts["test"]
     return corpus
@@ -184,16 +267,28 @@ def _index_past_slots(example: dict, index: int, period: int, slots: int) -> boo
 
 
 def _check_language_keys(split, split_name: str, source_lang: str, target_lang: str) -> None:
-    """Stop with the available keys when a language is absent from the ``translation`` dicts."""
+    """Stop with the available keys when a language is absent from the ``translation`` dicts.
+
+    The keys are those of the split's schema, or of its first ``KEY_SAMPLE`` records when the records are free-form
+    JSON: a record that lacks a language, or holds null, counts as an empty pair and is skipped by the preprocessing.
+    """
     first = next(iter(split), None)
     if first is None:
-        raise ValueError(f"The {split_name} split is empty.")
+        raise CorpusError(f"The {split_name} split is empty.")
     if "translation" not in first:
-        raise KeyError(f"The {split_name} split has no `translation` column; its columns are {sorted(first)}.")
-    keys = sorted(key for key, text in first["translation"].items() if text is not None)
+        raise CorpusKeyError(f"The {split_name} split has no `translation` column; its columns are {sorted(first)}.")
+    feature = (getattr(split, "features", None) or {}).get("translation")
+    if isinstance(feature, dict):
+        keys = sorted(feature)
+    elif getattr(feature, "languages", None):
+        keys = sorted(feature.languages)
+    else:  # free-form JSON records: the keys seen in the first records
+        sample = split.take(KEY_SAMPLE) if isinstance(split, IterableDataset) else split.select(
+            range(min(KEY_SAMPLE, len(split))))
+        keys = sorted({key for example in sample for key in (example["translation"] or {})})
     missing = [lang for lang in (source_lang, target_lang) if lang not in keys]
     if missing:
-        raise KeyError(
+        raise CorpusKeyError(
             f"Language key(s) {missing} not found in the {split_name} split; "
             f"the `translation` keys present are {keys}. "
             "Set --source_lang / --target_lang accordingly."
@@ -218,7 +313,7 @@ def _limit_samples(corpus: dict, args: DataArguments) -> dict:
 
 def is_nonempty_pair(example: dict, source_lang: str, target_lang: str) -> bool:
     """True when both sides of the pair hold some non-whitespace text."""
-    pair = example["translation"]
+    pair = example.get("translation") or {}
     return all(isinstance(pair.get(lang), str) and pair[lang].strip() for lang in (source_lang, target_lang))
 
 

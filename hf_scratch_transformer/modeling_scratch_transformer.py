@@ -43,6 +43,42 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return decoder_input_ids.masked_fill_(decoder_input_ids == -100, pad_token_id)
 
 
+def is_right_padded(token_mask: torch.Tensor) -> bool:
+    """True when every row of a (B, L) 1/0 mask is ones followed by zeros."""
+    return bool((token_mask[:, 1:] <= token_mask[:, :-1]).all())
+
+
+class TokenLayout:
+    """Where the real tokens of a padded (B, L) batch sit, so that position-wise work skips the padding.
+
+    Projections, feed-forward layers, norms and dropout act on each position alone, so they run on the N real
+    tokens, packed as (N, D). Only attention needs the (B, L) grid: `unpack` scatters the tokens back into it
+    (zeros at padding, which the masks keep out of every real token's view) and `pack` gathers them again.
+    With half of a randomly batched corpus being padding, this halves most of the work.
+    """
+
+    def __init__(self, token_mask: torch.Tensor):
+        self.shape = token_mask.shape  # (B, L)
+        self.index = token_mask.flatten().nonzero().squeeze(1)  # (N,) positions of real tokens in B * L
+
+    @classmethod
+    def from_mask(cls, token_mask: torch.Tensor | None) -> "TokenLayout | None":
+        """A layout for a (B, L) 1/0 mask, or None when nothing is padding."""
+        if token_mask is None:
+            return None
+        layout = cls(token_mask.bool())
+        return layout if layout.index.numel() < token_mask.numel() else None
+
+    def pack(self, padded: torch.Tensor) -> torch.Tensor:
+        """(B, L, ...) -> (N, ...)"""
+        return padded.flatten(0, 1).index_select(0, self.index)
+
+    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
+        """(N, ...) -> (B, L, ...), zeros at padding"""
+        grid = packed.new_zeros(self.shape.numel(), *packed.shape[1:]).index_copy(0, self.index, packed)
+        return grid.view(*self.shape, *packed.shape[1:])
+
+
 def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """(B, S) 1/0 mask of real tokens -> boolean key mask (B, 1, 1, S), or None when nothing is masked."""
     if attention_mask is None:
@@ -108,11 +144,13 @@ class ScratchAttention(nn.Module):
             self.qkv_proj.packed_matrices = 3
         self.out_proj = nn.Linear(config.d_model, config.d_model)
 
-    def _split_heads(self, packed: torch.Tensor, count: int) -> tuple[torch.Tensor, ...]:
-        """(B, L, count*D) -> `count` tensors of (B, H, L, Dh)."""
-        batch_size, length, _ = packed.shape
-        packed = packed.view(batch_size, length, count, self.num_heads, self.head_dim)
-        return packed.permute(2, 0, 3, 1, 4).unbind(0)  # count x (B, H, L, Dh)
+    def _split_heads(self, projected: torch.Tensor, count: int, layout: TokenLayout | None = None):
+        """(B, L, count*D), or (N, count*D) real tokens of `layout` -> `count` tensors of (B, H, L, Dh)."""
+        if layout is not None:
+            projected = layout.unpack(projected)  # (B, L, count*D)
+        batch_size, length, _ = projected.shape
+        projected = projected.view(batch_size, length, count, self.num_heads, self.head_dim)
+        return projected.permute(2, 0, 3, 1, 4).unbind(0)  # count x (B, H, L, Dh)
 
     def forward(
         self,
@@ -122,11 +160,12 @@ class ScratchAttention(nn.Module):
         past_key_values: Cache | None = None,
         is_causal: bool = False,
         output_attentions: bool = False,
+        layout: TokenLayout | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states (B, T, D) -> (output (B, T, D), weights (B, H, T, K) or None)."""
-        batch_size, length, _ = hidden_states.shape
+        """hidden_states (B, T, D), or (N, D) real tokens of `layout` -> (output of the same shape,
+        weights (B, H, T, K) or None)."""
         if self.is_cross_attention:
-            (query,) = self._split_heads(self.q_proj(hidden_states), 1)
+            (query,) = self._split_heads(self.q_proj(hidden_states), 1, layout)
             cross_cache = past_key_values.cross_attention_cache if past_key_values is not None else None
             if past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
                 # The encoder output does not change while decoding: its K/V were projected at the first step.
@@ -137,7 +176,7 @@ class ScratchAttention(nn.Module):
                     key, value = cross_cache.update(key, value, self.layer_idx)
                     past_key_values.is_updated[self.layer_idx] = True
         else:
-            query, key, value = self._split_heads(self.qkv_proj(hidden_states), 3)  # 3 x (B, H, T, Dh)
+            query, key, value = self._split_heads(self.qkv_proj(hidden_states), 3, layout)  # 3 x (B, H, T, Dh)
             if past_key_values is not None:
                 self_cache = (
                     past_key_values.self_attention_cache
@@ -154,7 +193,10 @@ class ScratchAttention(nn.Module):
                 query, key, value, attn_mask=attention_mask, dropout_p=dropout, is_causal=is_causal
             )  # (B, H, T, Dh)
             weights = None
+        batch_size, _, length, _ = query.shape
         output = output.transpose(1, 2).reshape(batch_size, length, -1)  # (B, T, D)
+        if layout is not None:
+            output = layout.pack(output)  # (N, D)
         return self.out_proj(output), weights
 
     @staticmethod
@@ -219,13 +261,19 @@ class ScratchEncoderLayer(ResidualLayer):
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, output_attentions: bool = False
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        output_attentions: bool = False,
+        layout: TokenLayout | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states (B, S, D), attention_mask (B, 1, 1, S) -> (B, S, D), weights (B, H, S, S) or None."""
+        """hidden_states (B, S, D) or (N, D) packed by `layout`, attention_mask (B, 1, 1, S)
+        -> hidden states of the same shape, weights (B, H, S, S) or None."""
         attention_output, attention_weights = self.self_attn(
             self.sublayer_input(hidden_states, self.self_attn_layer_norm),
             attention_mask=attention_mask,
             output_attentions=output_attentions,
+            layout=layout,
         )
         hidden_states = self.add_and_norm(hidden_states, attention_output, self.self_attn_layer_norm)
         ffn_output = self.feed_forward(self.sublayer_input(hidden_states, self.final_layer_norm))
@@ -254,14 +302,17 @@ class ScratchDecoderLayer(ResidualLayer):
         past_key_values: EncoderDecoderCache | None = None,
         is_causal: bool = False,
         output_attentions: bool = False,
+        layout: TokenLayout | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """hidden_states (B, T, D), encoder_hidden_states (B, S, D) -> (B, T, D) and optional attention weights."""
+        """hidden_states (B, T, D) or (N, D) packed by `layout`, encoder_hidden_states (B, S, D)
+        -> hidden states of the same shape and optional attention weights."""
         attention_output, self_weights = self.self_attn(
             self.sublayer_input(hidden_states, self.self_attn_layer_norm),
             attention_mask=self_attention_mask,
             past_key_values=past_key_values,
             is_causal=is_causal,
             output_attentions=output_attentions,
+            layout=layout,
         )
         hidden_states = self.add_and_norm(hidden_states, attention_output, self.self_attn_layer_norm)
         attention_output, cross_weights = self.cross_attn(
@@ -270,6 +321,7 @@ class ScratchDecoderLayer(ResidualLayer):
             encoder_hidden_states=encoder_hidden_states,
             past_key_values=past_key_values,
             output_attentions=output_attentions,
+            layout=layout,
         )
         hidden_states = self.add_and_norm(hidden_states, attention_output, self.cross_attn_layer_norm)
         ffn_output = self.feed_forward(self.sublayer_input(hidden_states, self.final_layer_norm))
@@ -307,19 +359,24 @@ class ScratchEncoder(nn.Module):
             raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds` to the encoder.")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(inputs_embeds.shape[1])
-        hidden_states = F.dropout(hidden_states, p=self.config.dropout, training=self.training)
         key_padding_mask = padding_mask(attention_mask)  # (B, 1, 1, S)
+        layout = TokenLayout.from_mask(attention_mask)
+        unpack = layout.unpack if layout is not None else nn.Identity()
+        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(inputs_embeds.shape[1])
+        if layout is not None:
+            hidden_states = layout.pack(hidden_states)  # (N, D): padding skipped until the stack's output
+        hidden_states = F.dropout(hidden_states, p=self.config.dropout, training=self.training)
 
         all_hidden_states, all_attentions = [], []
         for layer in self.layers:
             if output_hidden_states:
-                all_hidden_states.append(hidden_states)
-            hidden_states, attention_weights = layer(hidden_states, key_padding_mask, output_attentions)
+                all_hidden_states.append(unpack(hidden_states))
+            hidden_states, attention_weights = layer(hidden_states, key_padding_mask, output_attentions, layout=layout)
             if output_attentions:
                 all_attentions.append(attention_weights)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
+        hidden_states = unpack(hidden_states)  # (B, S, D), zeros at padding
         if output_hidden_states:
             all_hidden_states.append(hidden_states)
         return BaseModelOutput(
@@ -347,26 +404,26 @@ class ScratchDecoder(nn.Module):
     @staticmethod
     def self_attention_mask(
         decoder_attention_mask: torch.Tensor | None, length: int, past_length: int, device: torch.device
-    ) -> tuple[torch.Tensor | None, bool]:
-        """The decoder self-attention mask, as (mask (B or 1, 1, T, K) or None, is_causal).
+    ) -> tuple[torch.Tensor | None, bool, TokenLayout | None]:
+        """The decoder self-attention mask, as (mask (B or 1, 1, T, K) or None, is_causal, layout).
 
-        Without a padding mask and without a cache the fused kernel's own causal masking is used. One new token
-        over a cache may see every cached key. Otherwise causal and padding masks are combined explicitly.
-        Right padding (what the collator makes) needs no padding mask: causality already hides later pads.
+        Without a cache and with no padding, or right padding only (what the collator makes), the fused kernel's
+        own causal masking suffices: causality already hides the later padding from every real token, and the
+        padding itself is skipped (`layout`). One new token over a cache may see every cached key. Otherwise
+        causal and padding masks are combined explicitly.
         """
         if decoder_attention_mask is not None and decoder_attention_mask.dim() == 4:
-            return decoder_attention_mask.bool(), False
-        if decoder_attention_mask is None:
-            if past_length == 0:
-                return None, length > 1
-            if length == 1:
-                return None, False
+            return decoder_attention_mask.bool(), False, None
+        if past_length == 0 and (decoder_attention_mask is None or is_right_padded(decoder_attention_mask)):
+            return None, length > 1, TokenLayout.from_mask(decoder_attention_mask)
+        if decoder_attention_mask is None and length == 1:
+            return None, False, None
         # query i (absolute position past_length + i) sees keys 0 .. past_length + i
         causal = torch.ones(length, past_length + length, dtype=torch.bool, device=device).tril(past_length)
         mask = causal[None, None]  # (1, 1, T, K)
         if decoder_attention_mask is not None:
             mask = mask & decoder_attention_mask.bool()[:, None, None, -(past_length + length) :]
-        return mask, False
+        return mask, False, None
 
     def forward(
         self,
@@ -390,15 +447,18 @@ class ScratchDecoder(nn.Module):
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         length = inputs_embeds.shape[1]
 
-        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(length, offset=past_length)
-        hidden_states = F.dropout(hidden_states, p=self.config.dropout, training=self.training)
-        self_mask, is_causal = self.self_attention_mask(attention_mask, length, past_length, hidden_states.device)
+        self_mask, is_causal, layout = self.self_attention_mask(attention_mask, length, past_length, inputs_embeds.device)
         cross_mask = padding_mask(encoder_attention_mask)  # (B, 1, 1, S)
+        unpack = layout.unpack if layout is not None else nn.Identity()
+        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(length, offset=past_length)
+        if layout is not None:
+            hidden_states = layout.pack(hidden_states)  # (N, D): padding skipped until the stack's output
+        hidden_states = F.dropout(hidden_states, p=self.config.dropout, training=self.training)
 
         all_hidden_states, all_self_attentions, all_cross_attentions = [], [], []
         for layer in self.layers:
             if output_hidden_states:
-                all_hidden_states.append(hidden_states)
+                all_hidden_states.append(unpack(hidden_states))
             hidden_states, self_weights, cross_weights = layer(
                 hidden_states,
                 self_mask,
@@ -407,12 +467,14 @@ class ScratchDecoder(nn.Module):
                 past_key_values=past_key_values if use_cache else None,
                 is_causal=is_causal,
                 output_attentions=output_attentions,
+                layout=layout,
             )
             if output_attentions:
                 all_self_attentions.append(self_weights)
                 all_cross_attentions.append(cross_weights)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
+        hidden_states = unpack(hidden_states)  # (B, T, D), zeros at padding
         if output_hidden_states:
             all_hidden_states.append(hidden_states)
         return BaseModelOutputWithPastAndCrossAttentions(
@@ -605,6 +667,9 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+            scored = labels != -100  # (B, T)
+            if decoder_attention_mask is None and is_right_padded(scored):
+                decoder_attention_mask = scored  # the decoder then skips the padding (see TokenLayout)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -619,10 +684,13 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
             output_hidden_states=output_hidden_states,
             return_dict=True,
         )
-        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
         loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        if labels is None:
+            logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        else:  # project only the scored positions: padding can be half the batch; zero logits elsewhere
+            scored_logits = self.lm_head(outputs.last_hidden_state[scored])  # (N, V)
+            loss = F.cross_entropy(scored_logits.float(), labels[scored])
+            logits = scored_logits.new_zeros(*labels.shape, scored_logits.shape[-1]).index_put((scored,), scored_logits)
         result = Seq2SeqLMOutput(
             loss=loss,
             logits=logits,

@@ -29,6 +29,7 @@ from transformers import AutoTokenizer, GenerationConfig, HfArgumentParser, get_
 
 from .configuration_scratch_transformer import PRESETS, ScratchTransformerConfig
 from .data import (
+    CorpusError,
     DataArguments,
     evaluation_pairs,
     load_parallel_corpus,
@@ -102,7 +103,7 @@ class ModelArguments:
 class TrainingArguments:
     """How to train; names follow transformers' Seq2SeqTrainingArguments where they overlap."""
 
-    output_dir: str = field(default="outputs/scratch-transformer-en-es", metadata={"help": "Where the model goes."})
+    output_dir: str = field(default="outputs/scratch-small-en-es", metadata={"help": "Where the model goes."})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "Reuse a non-empty output_dir."})
     num_train_epochs: float = field(default=3.0, metadata={"help": "Epochs over the training split."})
     max_steps: int = field(default=-1, metadata={"help": "If > 0: optimiser steps to run (overrides epochs)."})
@@ -119,7 +120,7 @@ class TrainingArguments:
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Batches per optimiser step."})
     seed: int = field(default=42, metadata={"help": "Seed of initialisation, dropout and batch order."})
     logging_steps: int = field(default=50, metadata={"help": "Log loss, learning rate and tokens/s every N steps."})
-    eval_steps: int = field(default=0, metadata={"help": "Validate every N steps (0: only at the end)."})
+    eval_steps: int = field(default=500, metadata={"help": "Validate every N steps (0: only at the end)."})
     save_steps: int = field(default=500, metadata={"help": "Checkpoint every N steps (0: only at the end)."})
     save_total_limit: int = field(default=2, metadata={"help": "Keep only the last N checkpoints."})
     resume_from_checkpoint: str | None = field(
@@ -151,6 +152,11 @@ class TrainingArguments:
 def parse_arguments(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, TrainingArguments]:
     """Command-line flags, or a single .json / .yaml file holding them."""
     parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
+
+    def one_line_error(message: str):  # argparse would print the (long) usage, then exit
+        raise UsageError(f"{message} (see --help)")
+
+    parser.error = one_line_error
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 1 and argv[0].endswith((".json", ".yaml", ".yml")):
         path = Path(argv[0])
@@ -162,13 +168,17 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[ModelArguments, Data
             return parser.parse_yaml_file(str(path), allow_extra_keys=False)
         except ValueError as error:
             raise UsageError(f"{path}: {error}") from error
-    return parser.parse_args_into_dataclasses(args=argv)
+    try:
+        return parser.parse_args_into_dataclasses(args=argv)
+    except ValueError as error:  # flags no dataclass knows
+        raise UsageError(f"{error} (see --help)") from error
 
 
 def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
     """Refuse contradictory or impossible settings before any work is done."""
     if model_args.preset not in PRESETS:
         raise UsageError(f"unknown --preset {model_args.preset!r}: choose one of {', '.join(PRESETS)}")
+    model_args.build_config(vocab_size=data_args.tokenizer_vocab_size)  # sizes that contradict fail before any work
     if data_args.source_lang == data_args.target_lang:
         raise UsageError(f"--source_lang and --target_lang are both {data_args.source_lang!r}: give two languages")
     if args.hub_strategy not in ("end", "every_save", "checkpoint"):
@@ -182,7 +192,7 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: 
     if args.learning_rate <= 0:
         raise UsageError(f"--learning_rate must be positive, got {args.learning_rate}")
     longest = max(data_args.max_source_length, data_args.max_target_length)
-    if data_args.max_tokens is not None and data_args.max_tokens < longest:
+    if data_args.max_tokens and data_args.max_tokens < longest:
         raise UsageError(
             f"--max_tokens {data_args.max_tokens} is smaller than the longest allowed sentence ({longest} tokens): "
             f"raise --max_tokens or lower --max_source_length/--max_target_length"
@@ -195,8 +205,10 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: 
     output_dir = Path(args.output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise UsageError(f"--output_dir {output_dir} is a file, not a directory")
-    if (output_dir.is_dir() and any(output_dir.iterdir()) and not args.overwrite_output_dir
-            and not args.resume_from_checkpoint):
+    # Staging folders left by a run that stopped during setup hold nothing to lose.
+    kept = [path for path in output_dir.iterdir() if not path.name.startswith((".tokenizer", ".staging-"))] \
+        if output_dir.is_dir() else []
+    if kept and not args.overwrite_output_dir and not args.resume_from_checkpoint:
         raise UsageError(
             f"output directory {output_dir} exists and is not empty: pass --overwrite_output_dir to replace it, "
             f"--resume_from_checkpoint latest to continue its run, or another --output_dir"
@@ -233,7 +245,11 @@ ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "encoder_layers", "decoder_layer
 
 
 def check_same_architecture(checkpoint: Path, config: ScratchTransformerConfig) -> None:
-    saved = json.loads((checkpoint / "config.json").read_text())
+    try:
+        saved = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError) as error:
+        raise UsageError(f"checkpoint {checkpoint} has no readable config.json ({error}): it is incomplete; resume "
+                         f"from another checkpoint-N or start a new --output_dir") from error
     different = [f"{name} {saved.get(name)} -> {getattr(config, name)}" for name in ARCHITECTURE_FIELDS
                  if saved.get(name) != getattr(config, name)]
     if different:
@@ -293,13 +309,20 @@ class Run:
                 shutil.rmtree(old)
         set_seed(args.seed)
 
-        raw = load_parallel_corpus(data_args, seed=args.seed)
+        try:
+            raw = load_parallel_corpus(data_args, seed=args.seed)
+        except (CorpusError, ConnectionError) as error:
+            raise UsageError(str(error)) from error
         self.tokenizer = self._tokenizer(raw)
         with self.accelerator.main_process_first():
             self.datasets, self.filter_report = preprocess_corpus(raw, self.tokenizer, data_args)
         if len(self.datasets["train"]) == 0:
             raise UsageError(f"every training pair was filtered out ({self.filter_report['train']}): check the "
                              f"language keys and --max_source_length/--max_target_length/--max_length_ratio")
+        for split, report in self.filter_report.items():
+            if report["empty"]:
+                logger.warning(f"{split}: {report['empty']} of {report['input']} pairs skipped, a side missing, null "
+                               f"or empty")
         self.eval_sources, self.eval_references = evaluation_pairs(raw["validation"], data_args)
         self.test_sources, self.test_references = evaluation_pairs(raw["test"], data_args)
         if not self.eval_sources:
@@ -367,12 +390,14 @@ class Run:
         try:
             self._train_loop(accelerator, device)
         finally:
+            if getattr(self, "_progress", None) is not None:  # on a fault too: the message is then the last line
+                self._progress.close()
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
 
     def _train_loop(self, accelerator: Accelerator, device: torch.device) -> None:
         args, state = self.args, self.state
-        progress = _progress_bar(self.total_steps, state.global_step, disable=not self.is_main)
+        progress = self._progress = _progress_bar(self.total_steps, state.global_step, disable=not self.is_main)
         window_loss, window_batches, window_tokens, window_start = 0.0, 0, 0, time.time()
         self.train_model.train()
         while state.global_step < self.total_steps:
@@ -433,8 +458,9 @@ class Run:
     def _loss(self, batch: dict) -> torch.Tensor:
         """Label-smoothed cross-entropy over the non-padding target tokens, teacher-forced."""
         labels = batch["labels"]
+        # With labels the model derives the decoder input and skips padding; its own loss is not smoothed.
         logits = self.train_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                  decoder_input_ids=self.model.prepare_decoder_input_ids_from_labels(labels)).logits
+                                  labels=labels).logits
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
                                label_smoothing=self.args.label_smoothing_factor)
 
@@ -534,10 +560,18 @@ class Run:
         return final
 
     def _load_checkpoint(self, checkpoint: Path) -> None:
-        self.accelerator.load_state(str(checkpoint))
-        saved = json.loads((checkpoint / TRAINER_STATE).read_text())
-        self.state = RunState(**saved)
-        self.scheduler.load_state_dict(self.state.scheduler)
+        """Weights from safetensors; optimiser and RNG states through Accelerate's `torch.load(weights_only=True)`."""
+        try:
+            self.accelerator.load_state(str(checkpoint))
+            saved = json.loads((checkpoint / TRAINER_STATE).read_text())
+            self.state = RunState(**saved)
+            self.scheduler.load_state_dict(self.state.scheduler)
+        except Exception as error:  # noqa: BLE001  (safetensors, torch and json each raise their own)
+            reason = " ".join(str(error).split())[:300]
+            raise UsageError(
+                f"checkpoint {checkpoint} cannot be loaded ({type(error).__name__}: {reason}): it is incomplete or "
+                f"corrupted; resume from an earlier checkpoint-N or start a new --output_dir"
+            ) from error
         self.last_checkpoint = checkpoint
         logger.info(f"resumed from {checkpoint} at step {self.state.global_step}")
 
@@ -566,6 +600,7 @@ class Run:
         model = self.accelerator.unwrap_model(self.model)
         model.config.use_cache = True
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.output_dir))
+        moving = False
         try:
             model.save_pretrained(staging)
             self.tokenizer.save_pretrained(staging)
@@ -574,8 +609,17 @@ class Run:
             self._write_training_curves(staging / "training_curves.png")
             if self.model_card_template is not None:
                 (staging / "README.md").write_text(self._model_card(results))
+            moving = True
             for path in staging.iterdir():
                 os.replace(path, self.output_dir / path.name)
+        except OSError as error:
+            before = ("were partly replaced" if moving else "are unchanged")
+            kept = f"the last checkpoint is {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint"
+            raise TrainingFault(
+                f"could not save the final model in {self.output_dir} ({type(error).__name__}: {error}); the model "
+                f"files there before this save {before} and {kept}: free space or fix permissions, then run "
+                f"again with --resume_from_checkpoint latest"
+            ) from error
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(self.output_dir / ".tokenizer", ignore_errors=True)
@@ -733,10 +777,11 @@ def main(argv: list[str] | None = None, model_card_template: str | Path | None =
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("accelerate").setLevel(logging.WARNING)
     transformers.logging.set_verbosity_warning()
+    previous_sigterm = _raise_on_sigterm()
     try:
         model_args, data_args, args = parse_arguments(argv)
         results = run_training(model_args, data_args, args, model_card_template)
-    except SystemExit:  # argparse has printed its one-line usage error (exit code 2)
+    except SystemExit:  # --help (argparse errors are UsageErrors, see parse_arguments)
         raise
     except UsageError as error:
         return _fail(f"error: {error}", 2, debug)
@@ -744,10 +789,26 @@ def main(argv: list[str] | None = None, model_card_template: str | Path | None =
         return _fail(f"training stopped: {error}", 1, debug)
     except RunInterrupted as error:
         return _fail(f"interrupted: {error}", error.exit_code, debug)
-    except KeyboardInterrupt:
-        return _fail("interrupted before training started: nothing was saved", 130, debug)
+    except KeyboardInterrupt:  # outside the training loop, whose handler saves a checkpoint first
+        return _fail("interrupted outside the training loop: nothing was saved since the last checkpoint, if any",
+                     130, debug)
+    finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
     print(json.dumps({key: value for key, value in results.items() if key != "filtered"}, indent=1))
     return 0
+
+
+def _raise_on_sigterm():
+    """Outside the training loop (whose handler saves a checkpoint first) SIGTERM ends the run like Ctrl-C, with a
+    message and exit code 143 rather than a silent kill. Returns the previous handler (None off the main thread)."""
+    def interrupt(signum, frame):
+        raise RunInterrupted("SIGTERM received outside the training loop: nothing was saved since the last "
+                             "checkpoint, if any", signum)
+    try:
+        return signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread
+        return None
 
 
 def _fail(message: str, code: int, debug: bool) -> int:

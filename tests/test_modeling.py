@@ -10,7 +10,11 @@ from hf_scratch_transformer import (
     ScratchTransformerForConditionalGeneration,
     ScratchTransformerModel,
 )
-from hf_scratch_transformer.modeling_scratch_transformer import SinusoidalPositionalEncoding, shift_tokens_right
+from hf_scratch_transformer.modeling_scratch_transformer import (
+    SinusoidalPositionalEncoding,
+    TokenLayout,
+    shift_tokens_right,
+)
 
 SOURCE = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 12, 2, 0, 0]])
 SOURCE_MASK = (SOURCE != 0).long()
@@ -57,7 +61,9 @@ def test_decoder_input_is_labels_shifted_right(tiny_config):
     model = make_model(tiny_config)
     with_labels = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS).logits
     explicit = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, decoder_input_ids=shifted).logits
-    torch.testing.assert_close(with_labels, explicit)
+    scored = LABELS != -100
+    torch.testing.assert_close(with_labels[scored], explicit[scored], atol=1e-5, rtol=1e-5)
+    assert with_labels[~scored].abs().max() == 0  # padding is skipped, not projected
 
 
 def test_sdpa_and_eager_paths_agree(tiny_config):
@@ -88,6 +94,27 @@ def test_padding_changes_no_real_output(tiny_config):
     # and the padded sentence alone gives the same logits as inside the batch
     alone = model(input_ids=SOURCE[1:, :4], labels=LABELS[1:, :2]).logits
     torch.testing.assert_close(alone, reference.logits[1:, :2], atol=1e-5, rtol=1e-5)
+
+
+def test_padding_is_skipped_not_computed(tiny_config):
+    """TokenLayout packs the real tokens of a padded batch and scatters them back unchanged."""
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    layout = TokenLayout.from_mask(mask)
+    values = torch.arange(8.0).view(2, 4, 1)
+    assert layout.pack(values).flatten().tolist() == [0.0, 1.0, 2.0, 4.0]
+    assert layout.unpack(layout.pack(values)).flatten().tolist() == [0.0, 1.0, 2.0, 0.0, 4.0, 0.0, 0.0, 0.0]
+    assert TokenLayout.from_mask(torch.ones(2, 4)) is None
+    # a right-padded decoder mask packs the decoder; a left-padded one takes the explicit-mask path: same outputs
+    model = make_model(tiny_config)
+    decoder_input_ids = torch.tensor([[1, 20, 21, 22], [1, 23, 0, 0]])
+    right = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, decoder_input_ids=decoder_input_ids,
+                  decoder_attention_mask=(decoder_input_ids != 0).long()).logits
+    unmasked = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, decoder_input_ids=decoder_input_ids).logits
+    torch.testing.assert_close(right[0], unmasked[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(right[1, :2], unmasked[1, :2], atol=1e-5, rtol=1e-5)
+    mask, is_causal, layout = model.model.decoder.self_attention_mask(torch.tensor([[0, 0, 1, 1]]), 4, 0, "cpu")
+    assert layout is None and not is_causal and mask[0, 0].tolist() == [[False] * 4] * 2 + [[False, False, True, False],
+                                                                                           [False, False, True, True]]
 
 
 def test_future_target_tokens_change_no_earlier_logit(tiny_config):
