@@ -25,6 +25,15 @@ class TranslationPipeline(Pipeline):
     # Only fills what the model's own generation_config leaves unset.
     _default_generation_config = GenerationConfig(max_new_tokens=256)
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        vocab_size = getattr(self.model.config, "vocab_size", None)
+        if self.tokenizer is not None and vocab_size is not None and len(self.tokenizer) > vocab_size:
+            raise ValueError(
+                f"The tokenizer has {len(self.tokenizer)} tokens but the model only {vocab_size} embeddings: it "
+                "belongs to another model. Pass the tokenizer saved with these weights."
+            )
+
     def __call__(self, text, **kwargs):
         results = super().__call__(text, **kwargs)
         # One translation per input of a list: a flat list of dicts, as the transformers 4 pipeline returned.
@@ -59,7 +68,7 @@ def translation_pipeline(model, tokenizer=None, **kwargs) -> TranslationPipeline
     """
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model)
-        model = AutoModelForSeq2SeqLM.from_pretrained(model)
+        model = AutoModelForSeq2SeqLM.from_pretrained(model, use_safetensors=True)
     if tokenizer is None:
         raise ValueError("Pass the tokenizer that goes with the model object: translation_pipeline(model, tokenizer).")
     return pipeline(

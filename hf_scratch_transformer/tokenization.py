@@ -69,11 +69,13 @@ def train_bpe_tokenizer(
 
 
 def _both_sides(dataset, source_lang: str, target_lang: str) -> Iterator[str]:
-    """Yield the source then the target sentence of every example of a (possibly streaming) dataset."""
+    """Yield the source then the target sentence of every example of a (possibly streaming) dataset; missing or null
+    sentences (skipped later by the preprocessing) are left out."""
     for example in dataset:
-        pair = example["translation"]
-        yield pair[source_lang]
-        yield pair[target_lang]
+        pair = example.get("translation") or {}
+        for lang in (source_lang, target_lang):
+            if isinstance(pair.get(lang), str):
+                yield pair[lang]
 
 
 def train_tokenizer_on_corpus(

@@ -11,14 +11,17 @@ they translate to empty strings, so line N of the output always belongs to line 
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from pathlib import Path
 
 import torch
 
-WEIGHT_FILES = (
-    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"
-)
+logger = logging.getLogger("hf_scratch_transformer")
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+PICKLE_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 class ModelLoadError(RuntimeError):
@@ -57,8 +60,10 @@ def _looks_like_local_path(name: str) -> bool:
 def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.device | str | None = None):
     """(model in eval mode on `device`, tokenizer) from a saved directory or a hub id.
 
-    Raises `ModelLoadError` with a one-line message for a missing directory, a directory without weights,
-    or a hub id that cannot be fetched.
+    Raises `ModelLoadError` with a one-line message for a missing directory, a directory without (safetensors)
+    weights, truncated or corrupted weights, a config of a model type that does not translate, a tokenizer with more
+    tokens than the model's embeddings, or a hub id that cannot be fetched. Weights are read from safetensors only,
+    and no code from the directory is run (trust_remote_code=False: the package's own classes are used).
     """
     import hf_scratch_transformer  # noqa: F401  (registers the Auto classes: no trust_remote_code needed)
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -67,11 +72,23 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
     path = Path(name).expanduser()
     if path.is_dir():
         if not any((path / weights).is_file() for weights in WEIGHT_FILES):
+            if any((path / weights).is_file() for weights in PICKLE_WEIGHT_FILES):
+                raise ModelLoadError(
+                    f"{name} holds only pickled weights (pytorch_model.bin), which can run code when loaded: only "
+                    f"model.safetensors is read; convert them with save_pretrained(..., safe_serialization=True)"
+                )
             raise ModelLoadError(
                 f"no model weights in {name} (expected model.safetensors): is it a saved model directory?"
             )
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"no config.json in {name}: is it a saved model directory?")
+        _check_model_type(path / "config.json")
+        for weights in sorted(path.glob("*.safetensors")):
+            problem = safetensors_problem(weights)
+            if problem:
+                raise ModelLoadError(
+                    f"{weights} is truncated or corrupted ({problem}): copy or download it again"
+                )
         source = str(path)
     elif path.exists():
         raise ModelLoadError(f"--model must be a directory saved with save_pretrained, got the file {name}")
@@ -80,8 +97,8 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
     else:
         source = name  # perhaps a hub id
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForSeq2SeqLM.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+        model = AutoModelForSeq2SeqLM.from_pretrained(source, use_safetensors=True, trust_remote_code=False)
     except Exception as error:  # noqa: BLE001  (hub, network and format errors all end up here)
         reason = " ".join(str(error).split())[:300]
         if source is name and not path.exists():
@@ -89,10 +106,54 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
                 f"model not found: {name} is not a local directory and could not be loaded from the hub ({reason})"
             ) from error
         raise ModelLoadError(f"cannot load the model in {name}: {type(error).__name__}: {reason}") from error
+    vocab_size = getattr(model.config, "vocab_size", None)
+    if vocab_size is not None and len(tokenizer) > vocab_size:
+        raise ModelLoadError(
+            f"the tokenizer in {name} has {len(tokenizer)} tokens but the model only {vocab_size} embeddings: the "
+            f"tokenizer files belong to another model; copy the tokenizer saved with these weights"
+        )
     if device is not None:
         model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def _check_model_type(config_file: Path) -> None:
+    """Refuse a config whose model type does not translate (e.g. a BERT config copied over), before transformers
+    would ask, or fail, about it."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(f"{config_file} is not readable JSON ({error}): copy it again") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type == "scratch_transformer" or model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        return
+    raise ModelLoadError(
+        f"{config_file} describes a model of type {model_type!r}, not a translation (sequence-to-sequence) model "
+        f"such as 'scratch_transformer': is it the right directory, or was config.json replaced?"
+    )
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why `path` is not a complete safetensors file (header and size checked, not the numbers), or None."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            return f"{size} bytes, shorter than a safetensors header"
+        header_size = int.from_bytes(head, "little")
+        if header_size > size - 8:
+            return f"{size} bytes, but the header alone announces {header_size + 8}"
+        try:
+            header = json.loads(handle.read(header_size))
+            end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            return "its header is not valid safetensors JSON"
+    if 8 + header_size + end != size:
+        return f"{size} bytes where its header announces {8 + header_size + end}"
+    return None
 
 
 def _max_source_length(model, tokenizer) -> int:
@@ -158,8 +219,15 @@ def generate_ids(
     if not todo:
         return results
     max_length = _max_source_length(model, tokenizer)
-    encoded = tokenizer([texts[i] for i in todo], truncation=True, max_length=max_length)["input_ids"]
+    encoded = tokenizer([texts[i] for i in todo], verbose=False)["input_ids"]
     lengths = dict(zip(todo, map(len, encoded)))
+    too_long = [i for i in todo if lengths[i] > max_length]
+    if too_long:
+        logger.warning(
+            f"{len(too_long)} input text(s) longer than the model's limit of {max_length} tokens were truncated "
+            f"to it (first: text {too_long[0] + 1}, {lengths[too_long[0]]} tokens); split long texts into sentences"
+        )
+        lengths.update({i: max_length for i in too_long})
     # Longest first: similar lengths share a batch, and an out-of-memory batch shows up at once.
     order = sorted(todo, key=lambda i: -lengths[i])
     generation_kwargs = _generation_kwargs(model, num_beams, max_new_tokens)
