@@ -5,6 +5,8 @@ and anyone who has read a Marian config feel at home. This file imports only tra
 every saved model directory for `trust_remote_code=True`.
 """
 
+import copy
+
 from transformers import PreTrainedConfig
 
 # The paper's sizes (Table 3) plus two smaller ones for CPUs and tests.
@@ -104,8 +106,9 @@ class ScratchTransformerConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         self._validate_sizes()
         super().__post_init__(**kwargs)
+        # Deep copies: transformers' pipeline() rewrites the entries of a config it loads in place.
         self.auto_map = {**AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
-        self.custom_pipelines = {**CUSTOM_PIPELINES, **(getattr(self, "custom_pipelines", None) or {})}
+        self.custom_pipelines = copy.deepcopy({**CUSTOM_PIPELINES, **(getattr(self, "custom_pipelines", None) or {})})
 
     def _validate_sizes(self) -> None:
         """Raise a ValueError naming the offending field, before any module is built."""

@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # lets test files import the con
 
 import hf_scratch_transformer  # noqa: E402  (registers the Auto classes)
 from hf_scratch_transformer import ScratchTransformerConfig  # noqa: E402
+from hf_scratch_transformer.tokenization import train_bpe_tokenizer  # noqa: E402
 
 PAIRS = [
     ("In the beginning God created the heavens and the earth.", "En el principio creó Dios los cielos y la tierra."),
@@ -22,27 +23,8 @@ PAIRS = [
 
 
 def build_tiny_tokenizer(texts, vocab_size=400):
-    """A byte-level BPE wrapped as PreTrainedTokenizerFast, ids <pad>=0 <s>=1 </s>=2 <unk>=3."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(texts, trainer)
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", tokenizer.token_to_id("</s>"))]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-        model_max_length=64, clean_up_tokenization_spaces=False,
-    )
+    """The package's byte-level BPE, trained on a few sentences: ids <pad>=0 <s>=1 </s>=2 <unk>=3."""
+    return train_bpe_tokenizer(texts, vocab_size=vocab_size, model_max_length=64)
 
 
 @pytest.fixture(autouse=True)

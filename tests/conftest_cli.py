@@ -48,27 +48,9 @@ PAIRS_EN_ES = [
 
 
 def _build_tokenizer(texts, vocab_size=320):
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    from hf_scratch_transformer.tokenization import train_bpe_tokenizer
 
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer)
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", tokenizer.token_to_id("</s>"))]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-        model_max_length=64,
-    )
+    return train_bpe_tokenizer(texts, vocab_size=vocab_size, model_max_length=64)
 
 
 def train_tiny_model(steps: int = 100, seed: int = 0, lr: float = 3e-3):

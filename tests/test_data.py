@@ -334,7 +334,7 @@ def test_batch_sampler_feeds_a_dataloader(shipped_corpus, corpus_tokenizer):
     loader = torch.utils.data.DataLoader(processed["train"], batch_sampler=sampler, collate_fn=collator)
     sizes = [batch["input_ids"].shape for batch in loader]
     assert sum(shape[0] for shape in sizes) == 64 and all(shape[0] * shape[1] <= 512 for shape in sizes)
-    assert isinstance(make_batch_sampler(processed["train"], DataArguments(), batch_size=8), SentenceBatchSampler)
+    assert isinstance(make_batch_sampler(processed["train"], DataArguments(max_tokens=0), batch_size=8), SentenceBatchSampler)
     assert len(src) == len(tgt) == 64
 
 
