@@ -656,12 +656,14 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        label_smoothing: float = 0.0,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
         """Logits (B, T, V) over the target vocabulary, and the mean cross-entropy when `labels` (B, T) are given.
 
-        Labels equal to -100 are ignored. Without `decoder_input_ids` the decoder input is the labels shifted right
-        (teacher forcing).
+        Labels equal to -100 are ignored (their logits are 0: padding is never projected). Without
+        `decoder_input_ids` the decoder input is the labels shifted right (teacher forcing). `label_smoothing`
+        (paper §5.4: 0.1) spreads that much of each target's probability mass over the vocabulary in the loss.
         """
         if labels is not None:
             use_cache = False
@@ -689,7 +691,7 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
             logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
         else:  # project only the scored positions: padding can be half the batch; zero logits elsewhere
             scored_logits = self.lm_head(outputs.last_hidden_state[scored])  # (N, V)
-            loss = F.cross_entropy(scored_logits.float(), labels[scored])
+            loss = F.cross_entropy(scored_logits.float(), labels[scored], label_smoothing=label_smoothing)
             logits = scored_logits.new_zeros(*labels.shape, scored_logits.shape[-1]).index_put((scored,), scored_logits)
         result = Seq2SeqLMOutput(
             loss=loss,

@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import transformers
 from accelerate import Accelerator
 from accelerate.utils import set_seed
@@ -457,12 +456,9 @@ class Run:
 
     def _loss(self, batch: dict) -> torch.Tensor:
         """Label-smoothed cross-entropy over the non-padding target tokens, teacher-forced."""
-        labels = batch["labels"]
-        # With labels the model derives the decoder input and skips padding; its own loss is not smoothed.
-        logits = self.train_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                  labels=labels).logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
-                               label_smoothing=self.args.label_smoothing_factor)
+        # With labels the model derives the decoder input and skips padding in every layer and in the loss.
+        return self.train_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                labels=batch["labels"], label_smoothing=self.args.label_smoothing_factor).loss
 
     def _non_finite_message(self, value: float) -> str:
         kept = list_checkpoints(self.output_dir)
@@ -502,7 +498,7 @@ class Run:
         """Validation loss and greedy BLEU/chrF, on the main process; logged and added to the history."""
         row = {}
         if self.is_main:
-            model = self.accelerator.unwrap_model(self.model)
+            model = self.accelerator.unwrap_model(self.model).eval()  # no dropout while validating
             loss = evaluation_loss(model, self._eval_batches("validation"), self.accelerator.device)
             scores, _ = evaluate_translations(model, self.tokenizer, self.eval_sources, self.eval_references,
                                               num_beams=1, batch_size=self.args.per_device_eval_batch_size,

@@ -55,6 +55,15 @@ def test_output_shapes_and_loss(tiny_config):
     assert math.isclose(output.loss.item(), math.log(tiny_config.vocab_size), rel_tol=0.3)  # untrained: ~uniform
 
 
+def test_label_smoothing(tiny_config):
+    model = make_model(tiny_config)
+    output = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS, label_smoothing=0.1)
+    scored = LABELS != -100
+    expected = F.cross_entropy(output.logits[scored], LABELS[scored], label_smoothing=0.1)
+    torch.testing.assert_close(output.loss, expected)
+    assert output.loss != model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS).loss
+
+
 def test_decoder_input_is_labels_shifted_right(tiny_config):
     shifted = shift_tokens_right(LABELS, pad_token_id=0, decoder_start_token_id=1)
     assert shifted.tolist() == [[1, 13, 14, 15], [1, 16, 2, 0]]
