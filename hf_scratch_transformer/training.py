@@ -142,6 +142,9 @@ class TrainingArguments:
     )
     hub_token: str | None = field(default=None, metadata={"help": "Hub token (default: HF_TOKEN or stored login)."})
     hub_private_repo: bool = field(default=False, metadata={"help": "Create the hub repository as private."})
+    cpu_threads: int = field(
+        default=0, metadata={"help": "Torch threads per process on CPU (0: the CPUs available / local processes)."}
+    )
     debug: bool = field(default=False, metadata={"help": "Show full tracebacks of errors."})
 
 
@@ -300,6 +303,10 @@ class Run:
             project_dir=str(self.output_dir),
         )
         self.is_main = self.accelerator.is_main_process
+        if self.accelerator.device.type == "cpu":
+            # `accelerate launch` without --cpu sets OMP_NUM_THREADS=1, which would leave all but one core idle.
+            local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", self.accelerator.num_processes))
+            torch.set_num_threads(args.cpu_threads or max(1, len(os.sched_getaffinity(0)) // local_processes))
         self.checkpoint = None
         if args.resume_from_checkpoint:
             self.checkpoint = resolve_checkpoint(args.resume_from_checkpoint, self.output_dir)
