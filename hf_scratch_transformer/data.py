@@ -453,7 +453,37 @@ def shard_batches(batches: list[list[int]], num_replicas: int, rank: int, drop_l
     return batches[rank::num_replicas]
 
 
-class TokenBucketBatchSampler(Sampler[list[int]]):
+class ShardedBatchSampler(Sampler[list[int]]):
+    """Batches of one epoch (``all_batches``, seeded by ``seed + epoch``), of which each process keeps its share
+    (:func:`shard_batches`). Subclasses decide how the batches are formed."""
+
+    def __init__(self, shuffle: bool, seed: int, num_replicas: int, rank: int, drop_last: bool):
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is outside [0, {num_replicas}).")
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.num_replicas, self.rank = num_replicas, rank
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    @property
+    def sampler(self) -> Sampler:
+        """Lets Accelerate's ``DataLoaderShard.set_epoch`` find :meth:`set_epoch` through its batch-sampler wrapper."""
+        return self
+
+    def all_batches(self) -> list[list[int]]:
+        """This epoch's batches over all processes, in iteration order before sharding (defined by subclasses)."""
+        raise TypeError(f"{type(self).__name__} must define all_batches()")
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(shard_batches(self.all_batches(), self.num_replicas, self.rank, self.drop_last))
+
+    def __len__(self) -> int:
+        return len(shard_batches(self.all_batches(), self.num_replicas, self.rank, self.drop_last))
+
+
+class TokenBucketBatchSampler(ShardedBatchSampler):
     """fairseq-style batches of similar-length pairs under a token budget.
 
     The cost of a batch is ``len(batch) * max(longest source, longest target)`` (the padded size of the larger side,
@@ -479,10 +509,9 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         rank: int = 0,
         drop_last: bool = False,
     ):
+        super().__init__(shuffle, seed, num_replicas, rank, drop_last)
         if len(src_lengths) != len(tgt_lengths):
             raise ValueError(f"{len(src_lengths)} source lengths but {len(tgt_lengths)} target lengths.")
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank {rank} is outside [0, {num_replicas}).")
         self.lengths = [max(s, t) for s, t in zip(src_lengths, tgt_lengths)]
         self.src_lengths, self.tgt_lengths = list(src_lengths), list(tgt_lengths)
         longest = max(self.lengths, default=0)
@@ -492,18 +521,7 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
                 "or lower --max_source_length / --max_target_length."
             )
         self.max_tokens = max_tokens
-        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
-        self.num_replicas, self.rank = num_replicas, rank
-        self.epoch = 0
         self._cache: tuple[int, list[list[int]]] | None = None
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    @property
-    def sampler(self) -> Sampler:
-        """Lets Accelerate's ``DataLoaderShard.set_epoch`` find :meth:`set_epoch` through its batch-sampler wrapper."""
-        return self
 
     def all_batches(self) -> list[list[int]]:
         """This epoch's batches over all processes, in iteration order before sharding."""
@@ -529,14 +547,8 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         self._cache = (self.epoch, batches)
         return batches
 
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(shard_batches(self.all_batches(), self.num_replicas, self.rank, self.drop_last))
 
-    def __len__(self) -> int:
-        return len(shard_batches(self.all_batches(), self.num_replicas, self.rank, self.drop_last))
-
-
-class SentenceBatchSampler(Sampler[list[int]]):
+class SentenceBatchSampler(ShardedBatchSampler):
     """Fixed-size batches of ``batch_size`` pairs in a seeded random order (reshuffled by :meth:`set_epoch`),
     sharded across processes like :class:`TokenBucketBatchSampler`."""
 
@@ -550,32 +562,14 @@ class SentenceBatchSampler(Sampler[list[int]]):
         rank: int = 0,
         drop_last: bool = False,
     ):
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank {rank} is outside [0, {num_replicas}).")
+        super().__init__(shuffle, seed, num_replicas, rank, drop_last)
         self.num_examples, self.batch_size = num_examples, batch_size
-        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
-        self.num_replicas, self.rank = num_replicas, rank
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    @property
-    def sampler(self) -> Sampler:
-        """Lets Accelerate's ``DataLoaderShard.set_epoch`` find :meth:`set_epoch` through its batch-sampler wrapper."""
-        return self
 
     def all_batches(self) -> list[list[int]]:
         order = list(range(self.num_examples))
         if self.shuffle:
             random.Random(self.seed + self.epoch).shuffle(order)
         return [order[start : start + self.batch_size] for start in range(0, self.num_examples, self.batch_size)]
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(shard_batches(self.all_batches(), self.num_replicas, self.rank, self.drop_last))
-
-    def __len__(self) -> int:
-        return len(shard_batches(self.all_batches(), self.num_replicas, self.rank, self.drop_last))
 
 
 def make_batch_sampler(

@@ -329,20 +329,34 @@ class ScratchDecoderLayer(ResidualLayer):
         return hidden_states, self_weights, cross_weights
 
 
-class ScratchEncoder(nn.Module):
-    """Embeddings followed by N encoder layers (and a final LayerNorm in pre-norm)."""
+class TransformerStack(nn.Module):
+    """What encoder and decoder share: embeddings (§3.4, §3.5), N layers, a final LayerNorm in pre-norm."""
 
-    def __init__(self, config: ScratchTransformerConfig, embed_tokens: nn.Embedding):
+    def __init__(self, config: ScratchTransformerConfig, embed_tokens: nn.Embedding, layer_class, num_layers: int):
         super().__init__()
         self.config = config
         self.embed_tokens = embed_tokens
         self.embed_positions = SinusoidalPositionalEncoding(config.max_position_embeddings, config.d_model)
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.layers = nn.ModuleList(ScratchEncoderLayer(config, i) for i in range(config.encoder_layers))
+        self.layers = nn.ModuleList(layer_class(config, i) for i in range(num_layers))
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
+
+    def embed(self, inputs_embeds: torch.Tensor, layout: TokenLayout | None, offset: int = 0) -> torch.Tensor:
+        """Token embeddings (B, L, D) × √D + positions offset .. offset + L - 1, dropout; (N, D) if `layout`."""
+        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(inputs_embeds.shape[1], offset)
+        if layout is not None:
+            hidden_states = layout.pack(hidden_states)  # (N, D): padding skipped until the stack's output
+        return F.dropout(hidden_states, p=self.config.dropout, training=self.training)
+
+
+class ScratchEncoder(TransformerStack):
+    """Embeddings followed by N encoder layers (and a final LayerNorm in pre-norm)."""
+
+    def __init__(self, config: ScratchTransformerConfig, embed_tokens: nn.Embedding):
+        super().__init__(config, embed_tokens, ScratchEncoderLayer, config.encoder_layers)
 
     def forward(
         self,
@@ -362,10 +376,7 @@ class ScratchEncoder(nn.Module):
         key_padding_mask = padding_mask(attention_mask)  # (B, 1, 1, S)
         layout = TokenLayout.from_mask(attention_mask)
         unpack = layout.unpack if layout is not None else nn.Identity()
-        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(inputs_embeds.shape[1])
-        if layout is not None:
-            hidden_states = layout.pack(hidden_states)  # (N, D): padding skipped until the stack's output
-        hidden_states = F.dropout(hidden_states, p=self.config.dropout, training=self.training)
+        hidden_states = self.embed(inputs_embeds, layout)
 
         all_hidden_states, all_attentions = [], []
         for layer in self.layers:
@@ -386,20 +397,11 @@ class ScratchEncoder(nn.Module):
         )
 
 
-class ScratchDecoder(nn.Module):
+class ScratchDecoder(TransformerStack):
     """Embeddings (offset by the cache length) followed by N decoder layers (and a final LayerNorm in pre-norm)."""
 
     def __init__(self, config: ScratchTransformerConfig, embed_tokens: nn.Embedding):
-        super().__init__()
-        self.config = config
-        self.embed_tokens = embed_tokens
-        self.embed_positions = SinusoidalPositionalEncoding(config.max_position_embeddings, config.d_model)
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.layers = nn.ModuleList(ScratchDecoderLayer(config, i) for i in range(config.decoder_layers))
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embed_tokens
+        super().__init__(config, embed_tokens, ScratchDecoderLayer, config.decoder_layers)
 
     @staticmethod
     def self_attention_mask(
@@ -450,10 +452,7 @@ class ScratchDecoder(nn.Module):
         self_mask, is_causal, layout = self.self_attention_mask(attention_mask, length, past_length, inputs_embeds.device)
         cross_mask = padding_mask(encoder_attention_mask)  # (B, 1, 1, S)
         unpack = layout.unpack if layout is not None else nn.Identity()
-        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(length, offset=past_length)
-        if layout is not None:
-            hidden_states = layout.pack(hidden_states)  # (N, D): padding skipped until the stack's output
-        hidden_states = F.dropout(hidden_states, p=self.config.dropout, training=self.training)
+        hidden_states = self.embed(inputs_embeds, layout, offset=past_length)
 
         all_hidden_states, all_self_attentions, all_cross_attentions = [], [], []
         for layer in self.layers:
