@@ -16,6 +16,7 @@ import sys
 import threading
 import unicodedata
 
+import conftest
 import pytest
 import torch
 from conftest_train import MODEL_CARD_TEMPLATE, REPO, tiny_run_flags
@@ -29,14 +30,7 @@ from hf_scratch_transformer.tokenization import train_tokenizer_on_corpus
 from hf_scratch_transformer.training import Run, check_arguments, main, parse_arguments
 from hf_scratch_transformer.translate import ModelLoadError, load_model_and_tokenizer, translate_texts
 
-PAIRS = [
-    ("In the beginning God created the heavens and the earth.", "En el principio creó Dios los cielos y la tierra."),
-    ("And God said, Let there be light.", "Y dijo Dios: Sea la luz."),
-    ("The earth was without form.", "Y la tierra estaba desordenada."),
-    ("God saw the light, that it was good.", "Y vio Dios que la luz era buena."),
-    ("There was evening and there was morning.", "Y fue la tarde y la mañana."),
-    ("Jesus wept.", "Y lloró Jesús."),
-] * 4
+PAIRS = conftest.PAIRS * 4
 
 
 def write_jsonl(path, records):
