@@ -153,13 +153,16 @@ def smoothed_loss(logits: torch.Tensor, labels: torch.Tensor, smoothing: float =
                            label_smoothing=smoothing)
 
 
-def forward_logits(name: str, model, batch: dict, cfg) -> torch.Tensor:
-    if name == OURS:  # as training.py: with labels, our model derives decoder inputs and skips the padding
-        return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).logits
+def training_loss(name: str, model, batch: dict, cfg) -> torch.Tensor:
+    """The label-smoothed (0.1) loss of one batch, each model called the way its own trainer calls it."""
+    if name == OURS:  # as training.py: with labels, our model derives decoder inputs, skips padding, computes the loss
+        return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
+                     label_smoothing=0.1).loss
     # Marian as Seq2SeqTrainer runs it with label smoothing: decoder inputs = labels shifted right, no labels passed
     decoder_input_ids = shift_tokens_right(batch["labels"], cfg.pad_token_id, cfg.decoder_start_token_id)
-    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                 decoder_input_ids=decoder_input_ids).logits
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   decoder_input_ids=decoder_input_ids).logits
+    return smoothed_loss(logits, batch["labels"])
 
 
 def part4(s: dict, args, corpus) -> dict:
@@ -195,7 +198,7 @@ def part4(s: dict, args, corpus) -> dict:
                 model, opt = models[name], optimizers[name]
                 torch.manual_seed(args.seed * 1_000_003 + step)  # same dropout RNG state for both at every step
                 t = time.perf_counter()
-                loss = smoothed_loss(forward_logits(name, model, batch, cfg), batch["labels"])
+                loss = training_loss(name, model, batch, cfg)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
@@ -430,13 +433,19 @@ def render_markdown(res: dict) -> str:
     quick = s["quick"]
     busy = max(res["loadavg_start"][:1] + res["loadavg_end"][:1] or [0]) > s["threads"] + 0.5
     L = ["# Quality: hf_scratch_transformer vs MarianMTModel (parts 4-5)", ""]
+    reduced = not quick and any(s.get(k) != v for k, v in FULL.items() if k != "logging_steps")
+    mode = "quick" if quick else ("reduced" if reduced else "full")
     if quick:
         L += ["> **QUICK MODE — a smoke run, not the benchmark.** Tiny budget (see below); BLEU at this budget is near "
               "zero and the comparison says little about quality. Run without `--quick` for the real figures.", ""]
+    elif reduced:
+        L += ["> **REDUCED BUDGET — not the issue's full settings** (those take ~5 h on 2 cores). Both models get the "
+              "same reduced budget (see below), so the comparison is fair, but absolute BLEU is far below a full run's.",
+              ""]
     L += [f"Machine: **{m['cpu']}**, {m['logical_cpus']} logical CPUs, torch threads {s['threads']}; Python "
           f"{m['python']}, torch {m['torch']}, transformers {m['transformers']}; {m['date_utc']} UTC, commit "
           f"{m.get('git_commit', '?')}.",
-          f"Mode: **{'quick' if quick else 'full'}**; preset `{s['preset']}`, training pairs "
+          f"Mode: **{mode}**; preset `{s['preset']}`, training pairs "
           f"{s['max_train_samples'] or 'all'}, {s['epochs']} epochs" + (f" (max_steps {s['max_steps']})" if s['max_steps'] > 0 else "")
           + f", warm-up {s['warmup_steps']} steps, test pairs {s['eval_samples'] or 'all'}, vocabulary "
           f"{s['vocab_size']}, longest translation {s['eval_max_new_tokens']} tokens, seed {s['seed']}. "

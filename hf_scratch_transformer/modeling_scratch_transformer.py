@@ -660,7 +660,8 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
     ) -> Seq2SeqLMOutput | tuple:
         """Logits (B, T, V) over the target vocabulary, and the mean cross-entropy when `labels` (B, T) are given.
 
-        Labels equal to -100 are ignored (their logits are 0: padding is never projected). Without
+        Labels equal to -100 are ignored (their logits are 0: padding is never projected). In training mode with
+        `labels`, only the loss is computed and `logits` is None; call in eval mode or without labels for them. Without
         `decoder_input_ids` the decoder input is the labels shifted right (teacher forcing). `label_smoothing`
         (paper §5.4: 0.1) spreads that much of each target's probability mass over the vocabulary in the loss.
         """
@@ -688,10 +689,15 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
         loss = None
         if labels is None:
             logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
-        else:  # project only the scored positions: padding can be half the batch; zero logits elsewhere
+        else:  # project only the scored positions: padding can be half the batch
             scored_logits = self.lm_head(outputs.last_hidden_state[scored])  # (N, V)
             loss = F.cross_entropy(scored_logits.float(), labels[scored], label_smoothing=label_smoothing)
-            logits = scored_logits.new_zeros(*labels.shape, scored_logits.shape[-1]).index_put((scored,), scored_logits)
+            # A training step only needs the loss; scattering into a zero-filled (B, T, V) tensor would cost
+            # about a fifth of the step. In eval mode the full logits are returned (zeros where labels are -100).
+            logits = None
+            if not self.training:
+                logits = scored_logits.new_zeros(*labels.shape, scored_logits.shape[-1])
+                logits = logits.index_put((scored,), scored_logits)
         result = Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
