@@ -120,13 +120,13 @@ def copy_weights_to_marian(ours, marian) -> None:
     for stack_o, stack_m in ((o.encoder, m.encoder), (o.decoder, m.decoder)):
         stack_m.embed_positions.weight.copy_(stack_o.embed_positions.pe[: stack_m.embed_positions.weight.shape[0]])
 
-    def lin(dst, src):
-        dst.weight.copy_(src.weight)
+    def lin(dst, src):  # also LayerNorms; our projections store W as (in, out) (Conv1D), Marian's as (out, in)
+        dst.weight.copy_(src.weight.T if src.weight.dim() == 2 else src.weight)
         dst.bias.copy_(src.bias)
 
     def split(dsts, src):
-        for dst, w, b in zip(dsts, src.weight.chunk(len(dsts), 0), src.bias.chunk(len(dsts), 0)):
-            dst.weight.copy_(w)
+        for dst, w, b in zip(dsts, src.weight.chunk(len(dsts), 1), src.bias.chunk(len(dsts), 0)):
+            dst.weight.copy_(w.T)
             dst.bias.copy_(b)
 
     for lo, lm in zip(o.encoder.layers, m.encoder.layers):
@@ -327,8 +327,8 @@ class CT2Reference:
         sd["model.encoder.embed_positions.pe"] = ours.model.encoder.embed_positions.pe.numpy().copy()
         sd["model.decoder.embed_positions.pe"] = ours.model.decoder.embed_positions.pe.numpy().copy()
 
-        def lin(s, prefix):
-            s.weight, s.bias = sd[prefix + ".weight"], sd[prefix + ".bias"]
+        def lin(s, prefix):  # CT2 wants (out, in) weights; our projections (Conv1D) store (in, out)
+            s.weight, s.bias = np.ascontiguousarray(sd[prefix + ".weight"].T), sd[prefix + ".bias"]
 
         def ln(s, prefix):
             s.gamma, s.beta = sd[prefix + ".weight"], sd[prefix + ".bias"]

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 import torch
-from transformers import AutoModelForSeq2SeqLM, GenerationConfig, pipeline
+from transformers import AutoModelForSeq2SeqLM, GenerationConfig, GenerationMixin, TextStreamer, pipeline
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from hf_scratch_transformer import (
@@ -14,6 +14,7 @@ from hf_scratch_transformer import (
     TranslationPipeline,
     translation_pipeline,
 )
+from hf_scratch_transformer.modeling_scratch_transformer import PreallocatedLayer
 
 GENERATION = dict(decoder_start_token_id=1, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
@@ -55,6 +56,85 @@ def test_greedy_with_cache_equals_without(trained, tiny_tokenizer, pairs):
     uncached = trained.generate(**batch, use_cache=False)
     assert torch.equal(cached, uncached)
     assert cached.shape[1] > 5
+
+
+@pytest.fixture
+def fast_steps(monkeypatch):
+    """Counts the decoding steps run by the model's own greedy loop (its cache is only used there)."""
+    calls = []
+    update = PreallocatedLayer.update
+    monkeypatch.setattr(PreallocatedLayer, "update", lambda self, *a, **k: calls.append(1) or update(self, *a, **k))
+    return calls
+
+
+def transformers_greedy(model, **kwargs):
+    """The same request decoded by transformers' own loop, `GenerationMixin._sample`."""
+    return model.generate(**kwargs, custom_generate=GenerationMixin._sample)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # generation_config.json: max_length 48
+        {"max_new_tokens": 20, "min_new_tokens": 10},
+        {"min_length": 12, "max_length": 30},
+        {"max_new_tokens": 25, "repetition_penalty": 1.5, "no_repeat_ngram_size": 2},
+        {"max_new_tokens": 6, "forced_eos_token_id": 2},
+        {"max_new_tokens": 15, "eos_token_id": [2, 7], "min_new_tokens": 3},
+        {"max_new_tokens": 12, "decoder_input_ids": torch.tensor([[1, 40]] * 6)},  # a decoder prefix
+    ],
+    ids=["defaults", "min_new_tokens", "min_length", "penalties", "forced_eos", "two_eos", "prefix"],
+)
+def test_fast_greedy_loop_equals_transformers_loop(trained, tiny_tokenizer, pairs, fast_steps, options):
+    batch = encode(tiny_tokenizer, [source for source, _ in pairs])  # padded: rows end at different steps
+    ours = trained.generate(**batch, **options)
+    assert fast_steps, "the model's greedy loop was not used"
+    assert torch.equal(ours, transformers_greedy(trained, **batch, **options))
+    assert ours.shape[1] > 3
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fast_greedy_loop_equals_transformers_loop_on_random_models(seed, fast_steps):
+    torch.manual_seed(seed)
+    config = ScratchTransformerConfig.from_preset("tiny", vocab_size=50, dropout=0.0, max_position_embeddings=128)
+    model = ScratchTransformerForConditionalGeneration(config).eval()
+    source = torch.randint(4, 50, (5, 9))
+    mask = torch.ones_like(source)
+    mask[1, 6:], mask[3, 2:] = 0, 0
+    options = dict(attention_mask=mask, max_new_tokens=40, **GENERATION)
+    assert torch.equal(model.generate(source, **options), transformers_greedy(model, input_ids=source, **options))
+    assert fast_steps
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"return_dict_in_generate": True}, {"output_scores": True, "return_dict_in_generate": True},
+     {"use_cache": False}, {"do_sample": True, "top_k": 1}],
+    ids=["dict", "scores", "no_cache", "sampling"],
+)
+def test_other_requests_use_transformers_loop(trained, tiny_tokenizer, pairs, fast_steps, options):
+    batch = encode(tiny_tokenizer, [source for source, _ in pairs[:3]])
+    result = trained.generate(**batch, max_new_tokens=10, **options)
+    assert not fast_steps
+    sequences = result.sequences if options.get("return_dict_in_generate") else result
+    assert torch.equal(sequences, trained.generate(**batch, max_new_tokens=10))  # top_k=1 sampling is greedy
+
+
+def test_streamer_uses_transformers_loop(trained, tiny_tokenizer, pairs, fast_steps, capsys):
+    batch = encode(tiny_tokenizer, [pairs[0][0]])
+    streamed = trained.generate(**batch, max_new_tokens=8, streamer=TextStreamer(tiny_tokenizer))
+    assert not fast_steps and capsys.readouterr().out.strip()
+    assert torch.equal(streamed, trained.generate(**batch, max_new_tokens=8))
+
+
+def test_preallocated_layer_appends_like_concatenation():
+    layer, keys, values = PreallocatedLayer(), [], []
+    for length in [3] + [1] * 40 + [30]:  # crosses the first capacity (32) and doubles twice
+        key, value = torch.randn(2, 4, length, 8), torch.randn(2, 4, length, 8)
+        keys.append(key), values.append(value)
+        all_keys, all_values = layer.update(key, value)
+        assert torch.equal(all_keys, torch.cat(keys, dim=2)) and torch.equal(all_values, torch.cat(values, dim=2))
+    assert layer.get_seq_length() == 73
 
 
 def test_cached_step_logits_equal_full_forward(trained):
