@@ -86,7 +86,7 @@ class Projection(Conv1D):
     """A linear layer y = x·W + b that stores W as (in, out): the layout of transformers' `Conv1D` (GPT-2's).
 
     nn.Linear keeps W as (out, in) and multiplies by its transpose; for the 1-64 rows of a decoding step CPU
-    matmuls run 1.3-1.9x slower that way (benchmarks/README.md). Training speed is the same either way.
+    matmuls run 1.2-1.6x slower that way (benchmarks/results/speed.md). Training speed is the same either way.
     """
 
     def __init__(self, in_features: int, out_features: int):
