@@ -183,9 +183,11 @@ class ScratchAttention(nn.Module):
         is_causal: bool = False,
         output_attentions: bool = False,
         layout: TokenLayout | None = None,
+        encoder_layout: TokenLayout | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """hidden_states (B, T, D), or (N, D) real tokens of `layout` -> (output of the same shape,
-        weights (B, H, T, K) or None)."""
+        weights (B, H, T, K) or None). encoder_hidden_states (B, S, D), or (N_src, D) real tokens of
+        `encoder_layout`."""
         if self.is_cross_attention:
             (query,) = self._split_heads(self.q_proj(hidden_states), 1, layout)
             cross_cache = past_key_values.cross_attention_cache if past_key_values is not None else None
@@ -193,7 +195,7 @@ class ScratchAttention(nn.Module):
                 # The encoder output does not change while decoding: its K/V were projected at the first step.
                 key, value = cross_cache.layers[self.layer_idx].keys, cross_cache.layers[self.layer_idx].values
             else:
-                key, value = self._split_heads(self.kv_proj(encoder_hidden_states), 2)  # 2 x (B, H, S, Dh)
+                key, value = self._split_heads(self.kv_proj(encoder_hidden_states), 2, encoder_layout)  # 2 x (B, H, S, Dh)
                 if past_key_values is not None:
                     key, value = cross_cache.update(key, value, self.layer_idx)
                     past_key_values.is_updated[self.layer_idx] = True
@@ -325,9 +327,10 @@ class ScratchDecoderLayer(ResidualLayer):
         is_causal: bool = False,
         output_attentions: bool = False,
         layout: TokenLayout | None = None,
+        encoder_layout: TokenLayout | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """hidden_states (B, T, D) or (N, D) packed by `layout`, encoder_hidden_states (B, S, D)
-        -> hidden states of the same shape and optional attention weights."""
+        """hidden_states (B, T, D) or (N, D) packed by `layout`, encoder_hidden_states (B, S, D) or (N_src, D)
+        packed by `encoder_layout` -> hidden states of the same shape and optional attention weights."""
         attention_output, self_weights = self.self_attn(
             self.sublayer_input(hidden_states, self.self_attn_layer_norm),
             attention_mask=self_attention_mask,
@@ -344,6 +347,7 @@ class ScratchDecoderLayer(ResidualLayer):
             past_key_values=past_key_values,
             output_attentions=output_attentions,
             layout=layout,
+            encoder_layout=encoder_layout,
         )
         hidden_states = self.add_and_norm(hidden_states, attention_output, self.cross_attn_layer_norm)
         ffn_output = self.feed_forward(self.sublayer_input(hidden_states, self.final_layer_norm))
@@ -474,6 +478,11 @@ class ScratchDecoder(TransformerStack):
 
         self_mask, is_causal, layout = self.self_attention_mask(attention_mask, length, past_length, inputs_embeds.device)
         cross_mask = padding_mask(encoder_attention_mask)  # (B, 1, 1, S)
+        # Cross-attention K/V are projected from the encoder output at the first call only (then cached):
+        # project its real tokens alone, as for every other position-wise step.
+        encoder_layout = TokenLayout.from_mask(encoder_attention_mask) if past_length == 0 else None
+        if encoder_layout is not None:
+            encoder_hidden_states = encoder_layout.pack(encoder_hidden_states)  # (N_src, D)
         unpack = layout.unpack if layout is not None else nn.Identity()
         hidden_states = self.embed(inputs_embeds, layout, offset=past_length)
 
@@ -490,6 +499,7 @@ class ScratchDecoder(TransformerStack):
                 is_causal=is_causal,
                 output_attentions=output_attentions,
                 layout=layout,
+                encoder_layout=encoder_layout,
             )
             if output_attentions:
                 all_self_attentions.append(self_weights)
