@@ -458,7 +458,7 @@ class CT2Reference:
 
 
 # ----------------------------------------------------------------------------------------------- profiling
-def write_profiles(ours, cfg_name, train_batch, gen_batch, new_tokens) -> dict[str, str]:
+def write_profiles(ours, cfg_name, train_batch, gen_batches, new_tokens) -> dict[str, str]:
     from torch.profiler import ProfilerActivity, profile
 
     files = {}
@@ -477,16 +477,17 @@ def write_profiles(ours, cfg_name, train_batch, gen_batch, new_tokens) -> dict[s
     )
     files["train"] = path.name
     model.eval()
-    run_generate(model, gen_batch, 1, new_tokens)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        run_generate(model, gen_batch, 1, new_tokens)
-    path = RESULTS / f"profile_generate_greedy_{cfg_name}.txt"
-    path.write_text(
-        f"torch.profiler, scratch model, greedy generate(), preset {cfg_name}, batch "
-        f"{gen_batch['input_ids'].shape[0]}, {new_tokens} new tokens\n\n"
-        + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
-    )
-    files["generate_greedy"] = path.name
+    for name, batch in gen_batches.items():
+        run_generate(model, batch, 1, new_tokens)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            run_generate(model, batch, 1, new_tokens)
+        path = RESULTS / f"profile_generate_greedy_{name}_{cfg_name}.txt"
+        path.write_text(
+            f"torch.profiler, scratch model, greedy generate(), preset {cfg_name}, batch "
+            f"{batch['input_ids'].shape[0]}, {new_tokens} new tokens; grouped by input shape\n\n"
+            + prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=40)
+        )
+        files[f"generate_greedy_{name}"] = path.name
     return files
 
 
@@ -795,7 +796,7 @@ def main():
 
         if not args.no_profile and preset == presets[0]:
             results.setdefault("profiles", {}).update(
-                {f"{preset}_{k}": v for k, v in write_profiles(ours, preset, train_batches[0], gen_batches["b32"],
+                {f"{preset}_{k}": v for k, v in write_profiles(ours, preset, train_batches[0], gen_batches,
                                                                new_tokens).items()})
 
         r["kernels"] = measure_kernels(cfg)
