@@ -331,12 +331,11 @@ def run_generate(model, batch, num_beams, new_tokens):
     )
 
 
-def bench_generation(models: dict, batch, num_beams, new_tokens, repeats, warmup, ct2=None) -> dict:
+def bench_generation(models: dict, batch, num_beams, new_tokens, repeats, warmup) -> tuple[dict, list]:
+    """new tokens/s of each model's generate(), alternated ABAB; returns the figures and our sequences."""
     for m in models.values():
         m.eval()
     fns = {name: (lambda m=m: run_generate(m, batch, num_beams, new_tokens)) for name, m in models.items()}
-    if ct2 is not None:
-        fns["ctranslate2"] = lambda: ct2.translate(batch, num_beams, new_tokens)
     outputs = {}
     for name, fn in fns.items():
         for _ in range(warmup):
@@ -352,18 +351,60 @@ def bench_generation(models: dict, batch, num_beams, new_tokens, repeats, warmup
     res = {name: {"tokens_per_s": n_new / median(ts), "median_s": median(ts), "tokens_per_s_best": n_new / min(ts),
                   "seconds_all": [round(t, 4) for t in ts]} for name, ts in times.items()}
     # sanity: every system produced exactly new_tokens tokens per sentence, and how often they agree
-    seqs = {}
-    for name, out in outputs.items():
-        if name == "ctranslate2":
-            seqs[name] = out
-        else:
-            seqs[name] = [row[1:].tolist() for row in out]  # drop the decoder start token
-        assert all(len(s) == new_tokens for s in seqs[name]), f"{name} did not produce {new_tokens} tokens"
-    ref = seqs[OURS]
-    for name, s in seqs.items():
+    seqs = {name: [row[1:].tolist() for row in out] for name, out in outputs.items()}  # without the start token
+    for name, sequences in seqs.items():
+        assert all(len(s) == new_tokens for s in sequences), f"{name} did not produce {new_tokens} tokens"
+    for name, sequences in seqs.items():
         if name != OURS:
-            res[name]["same_output_as_scratch"] = sum(a == b for a, b in zip(ref, s)) / len(ref)
-    return res
+            res[name]["same_output_as_scratch"] = sum(a == b for a, b in zip(seqs[OURS], sequences)) / len(sequences)
+    return res, seqs[OURS]
+
+
+def ct2_worker(preset: str, seed: int, threads: int, batches_file: str, new_tokens: int, repeats: int,
+               warmup: int) -> None:
+    """Runs in a fresh process: CTranslate2 greedy decoding of the saved batches with our weights; prints JSON.
+
+    Not in the benchmark process: once CTranslate2 (which bundles its own OpenMP runtime) has run in a process,
+    PyTorch's small decoding ops there slow down ~3x (measured at batch 1: 682 -> 198 new tokens/s), even while
+    CTranslate2 is idle, which would corrupt every other generation figure. For the same reason PyTorch runs
+    single-threaded here (it only builds the weights and checks log-probs), so that only CTranslate2's own
+    OpenMP threads (`threads` of them) are running while it is timed."""
+    torch.set_num_threads(1)
+    ours, _ = build_pair(preset, seed)
+    saved = torch.load(batches_file)
+    ct2 = CT2Reference(ours, threads)
+    result = {"version": ct2.version, "logprob_diff": ct2.check_logits(ours, saved["check"]), "greedy": {}}
+    for name, batch in saved["generation"].items():
+        by_threads = {}
+        for n in sorted({1, threads}):  # its best setting: on a 2-vCPU machine 1 thread was ~6x faster at batch 1
+            ct2.set_threads(n)
+            for _ in range(warmup):
+                sequences = ct2.translate(batch, 1, new_tokens)
+            times = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                ct2.translate(batch, 1, new_tokens)
+                times.append(time.perf_counter() - t)
+            n_new = batch["input_ids"].shape[0] * new_tokens
+            by_threads[n] = {"tokens_per_s": n_new / median(times), "median_s": median(times),
+                             "tokens_per_s_best": n_new / min(times), "seconds_all": [round(t, 4) for t in times]}
+        best = max(by_threads, key=lambda n: by_threads[n]["tokens_per_s"])
+        result["greedy"][name] = {**by_threads[best], "intra_threads": best, "sequences": sequences,
+                                  "tokens_per_s_by_intra_threads": {n: r["tokens_per_s"] for n, r in by_threads.items()}}
+    print("CT2_JSON " + json.dumps(result))
+
+
+def measure_ct2(preset, seed, threads, gen_batches, check_batch, new_tokens, repeats, warmup) -> dict:
+    with tempfile.TemporaryDirectory(prefix="ct2_batches_") as tmp:
+        path = Path(tmp) / "batches.pt"
+        torch.save({"generation": gen_batches, "check": check_batch}, path)
+        cmd = [sys.executable, __file__, "--_ct2-worker", preset, str(seed), str(threads), str(path),
+               str(new_tokens), str(repeats), str(warmup)]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+    line = next((l for l in run.stdout.splitlines() if l.startswith("CT2_JSON ")), None)
+    if line is None:
+        raise RuntimeError((run.stderr.strip().splitlines() or ["no output"])[-1])
+    return json.loads(line[len("CT2_JSON "):])
 
 
 # ---------------------------------------------------------------------------------------------- CTranslate2
@@ -425,10 +466,15 @@ class CT2Reference:
         spec.optimize(quantization="float32")
         self.tmp = tempfile.TemporaryDirectory(prefix="ct2_bench_")
         spec.save(self.tmp.name)
+        self.set_threads(threads)
+        self.index = {t: i for i, t in enumerate(self.tokens)}
+
+    def set_threads(self, threads: int) -> None:
+        import ctranslate2
+
         self.translator = ctranslate2.Translator(
             self.tmp.name, device="cpu", compute_type="float32", intra_threads=threads, inter_threads=1
         )
-        self.index = {t: i for i, t in enumerate(self.tokens)}
 
     def translate(self, batch, num_beams, new_tokens):
         source = [[self.tokens[i] for i in row if i != PAD] for row in batch["input_ids"].tolist()]
@@ -666,7 +712,7 @@ def render_markdown(results) -> str:
         for key, g in r["generation"].items():
             mode, bs = key.split("_")
             ct = g.get("ctranslate2")
-            ct_s = f"{ct['tokens_per_s']:,.0f}" if ct else ""
+            ct_s = f"{ct['tokens_per_s']:,.0f}" + (f" ({ct['intra_threads']} thr)" if "intra_threads" in ct else "") if ct else ""
             L.append(f"| {preset} | {mode} {bs[1:]}x, new tokens/s | {g[OURS]['tokens_per_s']:,.0f} | "
                      f"{g[MARIAN]['tokens_per_s']:,.0f} | **{ratio(g[OURS]['tokens_per_s'], g[MARIAN]['tokens_per_s']):.2f}x** | {ct_s} |")
         for task, mem in r.get("memory", {}).items():
@@ -727,7 +773,12 @@ def main():
     ap.add_argument("--output", default=str(RESULTS / "speed.json"))
     ap.add_argument("--render", metavar="JSON", help="only recompute MFU/targets and rewrite the .md of a results JSON")
     ap.add_argument("--_memory-worker", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--_ct2-worker", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args._ct2_worker:
+        preset, seed, threads, path, n, reps, warm = args._ct2_worker
+        ct2_worker(preset, int(seed), int(threads), path, int(n), int(reps), int(warm))
+        return
     if args._memory_worker:
         name, preset, task, n, seed = args._memory_worker
         memory_worker(name, preset, task, int(n), int(seed))
@@ -775,24 +826,30 @@ def main():
         print(f"[{preset}] params {r['parameters']:,}; equivalence {r['equivalence']}", flush=True)
 
         # 2. generation (before training changes the weights; both hold the same weights anyway)
-        ct2 = None
-        if not args.no_ct2:
-            try:
-                ct2 = CT2Reference(ours, args.threads)
-                r["ct2_logprob_diff"] = ct2.check_logits(ours, train_batches[0])
-                results["machine"]["ctranslate2"] = ct2.version
-            except Exception as exc:  # reported in the results, never faked
-                results["ct2_error"] = f"{type(exc).__name__}: {exc}"
-                print("CTranslate2 unavailable:", results["ct2_error"], flush=True)
-        r["generation"] = {}
+        r["generation"], our_sequences = {}, {}
         for mode, beams in (("greedy", 1), ("beam4", 4)):
             for bs, batch in gen_batches.items():
-                res = bench_generation({OURS: ours, MARIAN: marian}, batch, beams, new_tokens, repeats, warmup,
-                                       ct2 if beams == 1 else None)
+                res, our_sequences[f"{mode}_{bs}"] = bench_generation(
+                    {OURS: ours, MARIAN: marian}, batch, beams, new_tokens, repeats, warmup)
                 r["generation"][f"{mode}_{bs}"] = res
                 print(f"[{preset}] {mode} {bs}: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in res.items()),
                       flush=True)
-        del ct2
+        if not args.no_ct2:  # in its own process (see ct2_worker), same weights and batches
+            try:
+                ct2 = measure_ct2(preset, args.seed, args.threads, gen_batches, train_batches[0], new_tokens,
+                                  repeats, warmup)
+                r["ct2_logprob_diff"] = ct2["logprob_diff"]
+                results["machine"]["ctranslate2"] = ct2["version"]
+                for bs, res in ct2["greedy"].items():
+                    sequences = res.pop("sequences")
+                    res["same_output_as_scratch"] = (
+                        sum(a == b for a, b in zip(our_sequences[f"greedy_{bs}"], sequences)) / len(sequences))
+                    r["generation"][f"greedy_{bs}"]["ctranslate2"] = res
+                    print(f"[{preset}] greedy {bs}: ctranslate2 {res['tokens_per_s']:.0f} tok/s "
+                          f"({res['intra_threads']} intra-op threads)", flush=True)
+            except Exception as exc:  # reported in the results, never faked
+                results["ct2_error"] = f"{type(exc).__name__}: {exc}"
+                print("CTranslate2 unavailable:", results["ct2_error"], flush=True)
 
         if not args.no_profile and preset == presets[0]:
             results.setdefault("profiles", {}).update(
