@@ -741,7 +741,8 @@ def render_markdown(results) -> str:
     L += ["", "## Targets", "", "| target | measured | met | gap |", "|---|---|:-:|---|"]
     for t in results["targets"]:
         L.append(f"| {t['target']} | {t['value']} | {'yes' if t['met'] else '**no**'} | {t['gap'] or ''} |")
-    L += ["", "Parts 4-5 of the issue (BLEU at equal budget, time to quality) are not measured by this script.", ""]
+    L += ["", "Parts 4-5 of the issue (BLEU at equal budget, time to quality) are measured by bench_quality.py: "
+              "[quality.md](quality.md).", ""]
     checks = []
     for preset, r in results["presets"].items():
         e = r["equivalence"]

@@ -85,8 +85,9 @@ class TokenLayout:
 class Projection(Conv1D):
     """A linear layer y = x·W + b that stores W as (in, out): the layout of transformers' `Conv1D` (GPT-2's).
 
-    nn.Linear keeps W as (out, in) and multiplies by its transpose; for the 1-64 rows of a decoding step CPU
-    matmuls run 1.2-1.6x slower that way (benchmarks/results/speed.md). Training speed is the same either way.
+    nn.Linear keeps W as (out, in) and multiplies by its transpose; the 32-row matmuls of a batched decoding step
+    ran 1.1-2.2x slower that way on CPU (kernel table of benchmarks/results/speed.md). A single row and training
+    run about the same either way.
     """
 
     def __init__(self, in_features: int, out_features: int):
@@ -755,7 +756,7 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
             scored_logits = self.lm_head(outputs.last_hidden_state[scored])  # (N, V)
             loss = F.cross_entropy(scored_logits.float(), labels[scored], label_smoothing=label_smoothing)
             # A training step only needs the loss; scattering into a zero-filled (B, T, V) tensor would cost
-            # about a fifth of the step. In eval mode the full logits are returned (zeros where labels are -100).
+            # about an eighth of the step. In eval mode the full logits are returned (zeros where labels are -100).
             logits = None
             if not self.training:
                 logits = scored_logits.new_zeros(*labels.shape, scored_logits.shape[-1])
@@ -825,7 +826,7 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
                 input_ids=new_input, encoder_hidden_states=encoder_hidden_states,
                 encoder_attention_mask=source_mask, past_key_values=cache, use_cache=True,
             ).last_hidden_state  # (B, T, D)
-            # (V, D) @ (D, B), seen as (B, V): on CPU ~1.4x faster than lm_head's (B, D) @ (V, D)ᵀ for B <= 64
+            # (V, D) @ (D, B), seen as (B, V): for 32 rows 1.6-3x faster on CPU than lm_head's (B, D) @ (V, D)ᵀ
             scores = (self.lm_head.weight @ hidden_states[:, -1].T).T.float()  # (B, V)
             for processor in logits_processor:
                 if isinstance(processor, MinNewTokensLengthLogitsProcessor):
