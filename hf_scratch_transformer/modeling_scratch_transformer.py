@@ -96,6 +96,9 @@ class Projection(Conv1D):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden_states, self.weight.T, self.bias)  # (..., in) -> (..., out); W.T.T = W, contiguous
 
+    def __repr__(self) -> str:
+        return f"Projection(in_features={self.nx}, out_features={self.nf})"
+
 
 def dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """F.dropout, skipped outside training (a decoding step would otherwise make dozens of no-op calls)."""
