@@ -29,7 +29,6 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
-
 from transformers.pytorch_utils import Conv1D
 
 from .configuration_scratch_transformer import ScratchTransformerConfig
@@ -213,12 +212,12 @@ class ScratchAttention(nn.Module):
                 )
                 key, value = self_cache.update(key, value, self.layer_idx)  # 2 x (B, H, K, Dh)
 
-        dropout = self.dropout if self.training else 0.0
+        dropout_p = self.dropout if self.training else 0.0
         if output_attentions or self.config._attn_implementation == "eager":
-            output, weights = self._eager_attention(query, key, value, attention_mask, is_causal, dropout)
+            output, weights = self._eager_attention(query, key, value, attention_mask, is_causal, dropout_p)
         else:
             output = F.scaled_dot_product_attention(
-                query, key, value, attn_mask=attention_mask, dropout_p=dropout, is_causal=is_causal
+                query, key, value, attn_mask=attention_mask, dropout_p=dropout_p, is_causal=is_causal
             )  # (B, H, T, Dh)
             weights = None
         batch_size, _, length, _ = query.shape

@@ -64,7 +64,6 @@ def test_label_smoothing(tiny_config):
     assert output.loss != model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS).loss
 
 
-
 def test_training_step_returns_the_loss_without_dense_logits(tiny_config):
     """In training mode with labels only the loss is computed (no (B, T, V) tensor); it is the eval-mode loss."""
     model = make_model(tiny_config)  # dropout 0: train and eval modes compute the same function
@@ -75,6 +74,7 @@ def test_training_step_returns_the_loss_without_dense_logits(tiny_config):
     trained.loss.backward()
     assert model.lm_head.weight.grad.abs().sum() > 0
     assert model.train()(input_ids=SOURCE, decoder_input_ids=LABELS.clamp(min=0)).logits.shape == (2, 4, 99)
+
 
 def test_decoder_input_is_labels_shifted_right(tiny_config):
     shifted = shift_tokens_right(LABELS, pad_token_id=0, decoder_start_token_id=1)
