@@ -120,13 +120,13 @@ def copy_weights_to_marian(ours, marian) -> None:
     for stack_o, stack_m in ((o.encoder, m.encoder), (o.decoder, m.decoder)):
         stack_m.embed_positions.weight.copy_(stack_o.embed_positions.pe[: stack_m.embed_positions.weight.shape[0]])
 
-    def lin(dst, src):  # also LayerNorms; our projections store W as (in, out) (Conv1D), Marian's as (out, in)
-        dst.weight.copy_(src.weight.T if src.weight.dim() == 2 else src.weight)
+    def lin(dst, src):  # also LayerNorms; both store linear weights as (out, in)
+        dst.weight.copy_(src.weight)
         dst.bias.copy_(src.bias)
 
-    def split(dsts, src):
-        for dst, w, b in zip(dsts, src.weight.chunk(len(dsts), 1), src.bias.chunk(len(dsts), 0)):
-            dst.weight.copy_(w.T)
+    def split(dsts, src):  # packed projections stack the q, k, v (or k, v) rows
+        for dst, w, b in zip(dsts, src.weight.chunk(len(dsts), 0), src.bias.chunk(len(dsts), 0)):
+            dst.weight.copy_(w)
             dst.bias.copy_(b)
 
     for lo, lm in zip(o.encoder.layers, m.encoder.layers):

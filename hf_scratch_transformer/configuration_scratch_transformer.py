@@ -104,8 +104,8 @@ class ScratchTransformerConfig(PreTrainedConfig):
     decoder_start_token_id: int | None = 1
 
     def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)  # resolves the standard aliases (`hidden_size`, ...) first
         self._validate_sizes()
-        super().__post_init__(**kwargs)
         # Deep copies: transformers' pipeline() rewrites the entries of a config it loads in place.
         self.auto_map = {**AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
         self.custom_pipelines = copy.deepcopy({**CUSTOM_PIPELINES, **(getattr(self, "custom_pipelines", None) or {})})

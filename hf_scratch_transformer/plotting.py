@@ -49,8 +49,9 @@ def cross_attention_matrices(model, tokenizer, source_text: str, target_ids) -> 
     device = next(model.parameters()).device
     encoded = tokenizer(source_text, return_tensors="pt", truncation=True)
     decoder_input_ids = torch.tensor([[start] + target[:-1]], device=device)  # (1, T)
-    was_training = model.training
+    was_training, attention_kernel = model.training, model.config._attn_implementation
     model.eval()
+    model.set_attn_implementation("eager")  # the fused kernels return no weights
     try:
         output = model(
             input_ids=encoded["input_ids"].to(device),
@@ -62,6 +63,7 @@ def cross_attention_matrices(model, tokenizer, source_text: str, target_ids) -> 
         )
     finally:
         model.train(was_training)
+        model.set_attn_implementation(attention_kernel)
     # per layer (1, H, T, S) -> (layers, H, T, S)
     return torch.cat([layer.float().cpu() for layer in output.cross_attentions], dim=0)
 

@@ -379,7 +379,7 @@ class Run:
         return GenerationConfig(
             decoder_start_token_id=self.model.config.decoder_start_token_id, bos_token_id=self.model.config.bos_token_id,
             eos_token_id=self.model.config.eos_token_id, pad_token_id=self.model.config.pad_token_id,
-            num_beams=self.args.num_beams, max_length=self.data_args.max_target_length + 1,
+            num_beams=self.args.num_beams, max_new_tokens=self.data_args.max_target_length,
             early_stopping=self.args.num_beams > 1,
         )
 
@@ -463,9 +463,10 @@ class Run:
 
     def _loss(self, batch: dict) -> torch.Tensor:
         """Label-smoothed cross-entropy over the non-padding target tokens, teacher-forced."""
-        # With labels the model derives the decoder input and skips padding in every layer and in the loss.
+        # With labels the model derives the decoder input; skip_logits projects only the scored positions.
         return self.train_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                labels=batch["labels"], label_smoothing=self.args.label_smoothing_factor).loss
+                                labels=batch["labels"], label_smoothing=self.args.label_smoothing_factor,
+                                skip_logits=True).loss
 
     def _non_finite_message(self, value: float) -> str:
         kept = list_checkpoints(self.output_dir)

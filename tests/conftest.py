@@ -7,6 +7,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # lets test files import the conftest_* helper modules
+collect_ignore = ["transformers_common"]  # mixins imported by test_modeling_transformers_common.py, not tests
 
 import hf_scratch_transformer  # noqa: E402  (registers the Auto classes)
 from hf_scratch_transformer import ScratchTransformerConfig  # noqa: E402

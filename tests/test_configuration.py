@@ -35,6 +35,16 @@ def test_standard_aliases():
     assert ScratchTransformerConfig(decoder_layers=5).get_text_config(decoder=True).num_hidden_layers == 5
 
 
+@pytest.mark.parametrize(
+    "aliases, message",
+    [({"hidden_size": 30, "num_attention_heads": 4}, "divisible"), ({"num_hidden_layers": 0}, "encoder_layers"),
+     ({"hidden_size": -8}, "d_model"), ({"num_attention_heads": 0}, "encoder_attention_heads")],
+)
+def test_impossible_sizes_given_by_their_standard_aliases_are_refused(aliases, message):
+    with pytest.raises(ValueError, match=message):
+        ScratchTransformerConfig(**aliases)
+
+
 def test_round_trip_through_auto_config(tmp_path):
     config = ScratchTransformerConfig.from_preset("tiny", vocab_size=123, normalize_before=True, dropout=0.3)
     config.save_pretrained(tmp_path)

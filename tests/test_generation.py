@@ -1,11 +1,12 @@
 import json
+import logging
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
-from transformers import AutoModelForSeq2SeqLM, GenerationConfig, GenerationMixin, TextStreamer, pipeline
+from transformers import AutoModelForSeq2SeqLM, CompileConfig, GenerationConfig, pipeline
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from hf_scratch_transformer import (
@@ -14,7 +15,6 @@ from hf_scratch_transformer import (
     TranslationPipeline,
     translation_pipeline,
 )
-from hf_scratch_transformer.modeling_scratch_transformer import PreallocatedLayer
 
 GENERATION = dict(decoder_start_token_id=1, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
@@ -34,7 +34,7 @@ def trained(pairs, tiny_tokenizer):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    model.generation_config = GenerationConfig(**GENERATION, max_length=48)
+    model.generation_config = GenerationConfig(**GENERATION, max_new_tokens=47, num_beams=4, early_stopping=True)
     return model.eval()
 
 
@@ -58,83 +58,53 @@ def test_greedy_with_cache_equals_without(trained, tiny_tokenizer, pairs):
     assert cached.shape[1] > 5
 
 
-@pytest.fixture
-def fast_steps(monkeypatch):
-    """Counts the decoding steps run by the model's own greedy loop (its cache is only used there)."""
-    calls = []
-    update = PreallocatedLayer.update
-    monkeypatch.setattr(PreallocatedLayer, "update", lambda self, *a, **k: calls.append(1) or update(self, *a, **k))
-    return calls
-
-
-def transformers_greedy(model, **kwargs):
-    """The same request decoded by transformers' own loop, `GenerationMixin._sample`."""
-    return model.generate(**kwargs, custom_generate=GenerationMixin._sample)
+def compiled(backend="inductor"):
+    """A CompileConfig that `generate()` honours on CPU too (by default it compiles decoding on accelerators only)."""
+    config = CompileConfig(fullgraph=True, backend=backend, mode="default" if backend == "inductor" else None)
+    config._compile_all_devices = True
+    return config
 
 
 @pytest.mark.parametrize(
     "options",
     [
-        {},  # generation_config.json: max_length 48
+        {},  # generation_config.json: max_new_tokens 47
         {"max_new_tokens": 20, "min_new_tokens": 10},
         {"min_length": 12, "max_length": 30},
         {"max_new_tokens": 25, "repetition_penalty": 1.5, "no_repeat_ngram_size": 2},
         {"max_new_tokens": 6, "forced_eos_token_id": 2},
         {"max_new_tokens": 15, "eos_token_id": [2, 7], "min_new_tokens": 3},
         {"max_new_tokens": 12, "decoder_input_ids": torch.tensor([[1, 40]] * 6)},  # a decoder prefix
+        {"max_new_tokens": 12, "num_beams": 3},
     ],
-    ids=["defaults", "min_new_tokens", "min_length", "penalties", "forced_eos", "two_eos", "prefix"],
+    ids=["defaults", "min_new_tokens", "min_length", "penalties", "forced_eos", "two_eos", "prefix", "beams"],
 )
-def test_fast_greedy_loop_equals_transformers_loop(trained, tiny_tokenizer, pairs, fast_steps, options):
+def test_static_cache_gives_the_tokens_of_the_dynamic_cache(trained, tiny_tokenizer, pairs, options):
     batch = encode(tiny_tokenizer, [source for source, _ in pairs])  # padded: rows end at different steps
-    ours = trained.generate(**batch, **options)
-    assert fast_steps, "the model's greedy loop was not used"
-    assert torch.equal(ours, transformers_greedy(trained, **batch, **options))
-    assert ours.shape[1] > 3
+    dynamic = trained.generate(**batch, **options)
+    assert torch.equal(trained.generate(**batch, **options, cache_implementation="static"), dynamic)
+    assert dynamic.shape[1] > 3
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_fast_greedy_loop_equals_transformers_loop_on_random_models(seed, fast_steps):
-    torch.manual_seed(seed)
-    config = ScratchTransformerConfig.from_preset("tiny", vocab_size=50, dropout=0.0, max_position_embeddings=128)
-    model = ScratchTransformerForConditionalGeneration(config).eval()
-    source = torch.randint(4, 50, (5, 9))
-    mask = torch.ones_like(source)
-    mask[1, 6:], mask[3, 2:] = 0, 0
-    options = dict(attention_mask=mask, max_new_tokens=40, **GENERATION)
-    assert torch.equal(model.generate(source, **options), transformers_greedy(model, input_ids=source, **options))
-    assert fast_steps
+def test_compiled_static_decoding_gives_the_tokens_of_the_dynamic_cache(trained, tiny_tokenizer, pairs):
+    batch = encode(tiny_tokenizer, [source for source, _ in pairs])
+    dynamic = trained.generate(**batch, max_new_tokens=20, num_beams=1)
+    torch._dynamo.reset()
+    compiled_output = trained.generate(**batch, max_new_tokens=20, num_beams=1, cache_implementation="static",
+                                       compile_config=compiled())
+    assert hasattr(trained, "_compiled_call"), "generate() did not compile the decoding step"
+    assert torch.equal(compiled_output, dynamic)
 
 
-@pytest.mark.parametrize(
-    "options",
-    [{"return_dict_in_generate": True}, {"output_scores": True, "return_dict_in_generate": True},
-     {"use_cache": False}, {"do_sample": True, "top_k": 1}],
-    ids=["dict", "scores", "no_cache", "sampling"],
-)
-def test_other_requests_use_transformers_loop(trained, tiny_tokenizer, pairs, fast_steps, options):
-    batch = encode(tiny_tokenizer, [source for source, _ in pairs[:3]])
-    result = trained.generate(**batch, max_new_tokens=10, **options)
-    assert not fast_steps
-    sequences = result.sequences if options.get("return_dict_in_generate") else result
-    assert torch.equal(sequences, trained.generate(**batch, max_new_tokens=10))  # top_k=1 sampling is greedy
-
-
-def test_streamer_uses_transformers_loop(trained, tiny_tokenizer, pairs, fast_steps, capsys):
-    batch = encode(tiny_tokenizer, [pairs[0][0]])
-    streamed = trained.generate(**batch, max_new_tokens=8, streamer=TextStreamer(tiny_tokenizer))
-    assert not fast_steps and capsys.readouterr().out.strip()
-    assert torch.equal(streamed, trained.generate(**batch, max_new_tokens=8))
-
-
-def test_preallocated_layer_appends_like_concatenation():
-    layer, keys, values = PreallocatedLayer(), [], []
-    for length in [3] + [1] * 40 + [30]:  # crosses the first capacity (32) and doubles twice
-        key, value = torch.randn(2, 4, length, 8), torch.randn(2, 4, length, 8)
-        keys.append(key), values.append(value)
-        all_keys, all_values = layer.update(key, value)
-        assert torch.equal(all_keys, torch.cat(keys, dim=2)) and torch.equal(all_values, torch.cat(values, dim=2))
-    assert layer.get_seq_length() == 73
+def test_generate_with_the_saved_generation_config_does_not_warn(saved_dir, tiny_tokenizer, pairs, recwarn, caplog):
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(saved_dir).eval()
+    batch = encode(tiny_tokenizer, [pairs[1][0]])
+    with caplog.at_level(logging.WARNING):
+        loaded.generate(**batch, max_new_tokens=5)
+        loaded.generate(**batch, max_new_tokens=5, num_beams=1)
+        loaded.generate(**batch, generation_config=GenerationConfig(num_beams=1, max_new_tokens=5))
+    assert not [str(w.message) for w in recwarn.list], [str(w.message) for w in recwarn.list]
+    assert not caplog.records, [record.getMessage() for record in caplog.records]
 
 
 def test_cached_step_logits_equal_full_forward(trained):
@@ -183,7 +153,11 @@ def test_beam_search_and_sampling(trained, tiny_tokenizer, pairs):
 
 def test_generate_returns_attentions(trained, tiny_tokenizer, pairs):
     batch = encode(tiny_tokenizer, [pairs[0][0]])
-    result = trained.generate(**batch, output_attentions=True, return_dict_in_generate=True, max_new_tokens=5)
+    trained.set_attn_implementation("eager")  # the fused kernels return no weights
+    try:
+        result = trained.generate(**batch, output_attentions=True, return_dict_in_generate=True, max_new_tokens=5)
+    finally:
+        trained.set_attn_implementation("sdpa")
     source_length = batch["input_ids"].shape[1]
     assert len(result.encoder_attentions) == trained.config.encoder_layers
     first_step = result.cross_attentions[0]
@@ -194,7 +168,8 @@ def test_generate_returns_attentions(trained, tiny_tokenizer, pairs):
 
 def test_saved_generation_config_needs_no_arguments(saved_dir, tiny_tokenizer, pairs, trained):
     config = json.loads((saved_dir / "generation_config.json").read_text())
-    assert config["decoder_start_token_id"] == 1 and config["eos_token_id"] == 2 and config["max_length"] == 48
+    assert config["decoder_start_token_id"] == 1 and config["eos_token_id"] == 2 and config["max_new_tokens"] == 47
+    assert "max_length" not in config
     loaded = AutoModelForSeq2SeqLM.from_pretrained(saved_dir).eval()
     batch = encode(tiny_tokenizer, [pairs[1][0]])
     assert torch.equal(loaded.generate(**batch), trained.generate(**batch))

@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoModelForSeq2SeqLM
 
 from hf_scratch_transformer import (
@@ -10,9 +11,9 @@ from hf_scratch_transformer import (
     ScratchTransformerForConditionalGeneration,
     ScratchTransformerModel,
 )
+from hf_scratch_transformer import modeling_scratch_transformer as modeling
 from hf_scratch_transformer.modeling_scratch_transformer import (
     SinusoidalPositionalEncoding,
-    TokenLayout,
     shift_tokens_right,
 )
 
@@ -64,16 +65,29 @@ def test_label_smoothing(tiny_config):
     assert output.loss != model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS).loss
 
 
-def test_training_step_returns_the_loss_without_dense_logits(tiny_config):
-    """In training mode with labels only the loss is computed (no (B, T, V) tensor); it is the eval-mode loss."""
-    model = make_model(tiny_config)  # dropout 0: train and eval modes compute the same function
-    evaluated = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS, label_smoothing=0.1)
-    trained = model.train()(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS, label_smoothing=0.1)
-    assert trained.logits is None and evaluated.logits is not None
-    torch.testing.assert_close(trained.loss, evaluated.loss)
-    trained.loss.backward()
-    assert model.lm_head.weight.grad.abs().sum() > 0
-    assert model.train()(input_ids=SOURCE, decoder_input_ids=LABELS.clamp(min=0)).logits.shape == (2, 4, 99)
+def test_training_mode_returns_logits_and_the_loss_is_their_cross_entropy(tiny_config):
+    """The standard output contract holds in training mode too: logits (B, T, V), loss = CE(logits, labels)."""
+    model = make_model(tiny_config).train()
+    output = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS, label_smoothing=0.1)
+    assert output.logits.shape == (2, 4, tiny_config.vocab_size)
+    expected = F.cross_entropy(output.logits.flatten(0, 1), LABELS.flatten(), ignore_index=-100, label_smoothing=0.1)
+    torch.testing.assert_close(output.loss, expected)
+
+
+def test_skip_logits_is_an_opt_in_loss_only_path_with_the_same_loss_and_gradients(tiny_config):
+    model = make_model(tiny_config).train()  # dropout 0: both calls compute the same function
+    full = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS, label_smoothing=0.1)
+    full.loss.backward()
+    reference = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    fast = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS, label_smoothing=0.1, skip_logits=True)
+    fast.loss.backward()
+    assert fast.logits is None
+    torch.testing.assert_close(fast.loss, full.loss)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, reference[name], msg=name)
+    with pytest.raises(ValueError, match="skip_logits"):
+        model(input_ids=SOURCE, decoder_input_ids=LABELS.clamp(min=0), skip_logits=True)
 
 
 def test_decoder_input_is_labels_shifted_right(tiny_config):
@@ -83,24 +97,36 @@ def test_decoder_input_is_labels_shifted_right(tiny_config):
     with_labels = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS).logits
     explicit = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, decoder_input_ids=shifted).logits
     scored = LABELS != -100
-    torch.testing.assert_close(with_labels[scored], explicit[scored], atol=1e-5, rtol=1e-5)
-    assert with_labels[~scored].abs().max() == 0  # padding is skipped, not projected
+    torch.testing.assert_close(with_labels, explicit, atol=1e-5, rtol=1e-5)
 
 
-def test_sdpa_and_eager_paths_agree(tiny_config):
+@pytest.mark.parametrize("implementation", ["eager", "flex_attention"])
+def test_attention_implementations_agree_with_sdpa(tiny_config, implementation):
     model = make_model(tiny_config)
     decoder_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
     inputs = dict(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS)
-    fast = model(**inputs).logits
-    fast_masked = model(**inputs, decoder_attention_mask=decoder_mask).logits
-    model.config._attn_implementation = "eager"
-    eager = model(**inputs).logits
-    eager_masked = model(**inputs, decoder_attention_mask=decoder_mask).logits
-    torch.testing.assert_close(fast, eager, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(fast_masked, eager_masked, atol=1e-5, rtol=1e-5)
-    # output_attentions=True takes the eager path under sdpa too
-    model.config._attn_implementation = "sdpa"
-    torch.testing.assert_close(model(**inputs, output_attentions=True).logits, fast, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # flex_attention has no backward on CPU
+        sdpa, sdpa_masked = model(**inputs).logits, model(**inputs, decoder_attention_mask=decoder_mask).logits
+        model.set_attn_implementation(implementation)
+        assert {m.config._attn_implementation for m in model.modules() if hasattr(m, "config")} == {implementation}
+        other, other_masked = model(**inputs).logits, model(**inputs, decoder_attention_mask=decoder_mask).logits
+    torch.testing.assert_close(other, sdpa, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(other_masked, sdpa_masked, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_implementation_is_chosen_when_loading(tiny_config, tmp_path):
+    make_model(tiny_config).save_pretrained(tmp_path)
+    assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path).config._attn_implementation == "sdpa"
+    eager = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, attn_implementation="eager")
+    assert eager.model.decoder.config._attn_implementation == "eager"
+    calls = []
+    original = modeling.scaled_dot_product_attention
+    try:  # eager really runs the written-out attention of the model file
+        modeling.scaled_dot_product_attention = lambda *a, **k: calls.append(1) or original(*a, **k)
+        eager(input_ids=SOURCE, labels=LABELS)
+    finally:
+        modeling.scaled_dot_product_attention = original
+    assert len(calls) == tiny_config.encoder_layers + 2 * tiny_config.decoder_layers
 
 
 def test_padding_changes_no_real_output(tiny_config):
@@ -117,15 +143,8 @@ def test_padding_changes_no_real_output(tiny_config):
     torch.testing.assert_close(alone, reference.logits[1:, :2], atol=1e-5, rtol=1e-5)
 
 
-def test_padding_is_skipped_not_computed(tiny_config):
-    """TokenLayout packs the real tokens of a padded batch and scatters them back unchanged."""
-    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
-    layout = TokenLayout.from_mask(mask)
-    values = torch.arange(8.0).view(2, 4, 1)
-    assert layout.pack(values).flatten().tolist() == [0.0, 1.0, 2.0, 4.0]
-    assert layout.unpack(layout.pack(values)).flatten().tolist() == [0.0, 1.0, 2.0, 0.0, 4.0, 0.0, 0.0, 0.0]
-    assert TokenLayout.from_mask(torch.ones(2, 4)) is None
-    # a right-padded decoder mask packs the decoder; a left-padded one takes the explicit-mask path: same outputs
+def test_decoder_padding_mask_changes_no_real_output(tiny_config):
+    """A right-padded decoder mask, or none at all, gives the same logits at real target positions."""
     model = make_model(tiny_config)
     decoder_input_ids = torch.tensor([[1, 20, 21, 22], [1, 23, 0, 0]])
     right = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, decoder_input_ids=decoder_input_ids,
@@ -133,9 +152,6 @@ def test_padding_is_skipped_not_computed(tiny_config):
     unmasked = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, decoder_input_ids=decoder_input_ids).logits
     torch.testing.assert_close(right[0], unmasked[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(right[1, :2], unmasked[1, :2], atol=1e-5, rtol=1e-5)
-    mask, is_causal, layout = model.model.decoder.self_attention_mask(torch.tensor([[0, 0, 1, 1]]), 4, 0, "cpu")
-    assert layout is None and not is_causal and mask[0, 0].tolist() == [[False] * 4] * 2 + [[False, False, True, False],
-                                                                                           [False, False, True, True]]
 
 
 def test_future_target_tokens_change_no_earlier_logit(tiny_config):
@@ -152,6 +168,7 @@ def test_future_target_tokens_change_no_earlier_logit(tiny_config):
 
 def test_attention_weights_are_returned(tiny_config):
     model = make_model(tiny_config)
+    model.set_attn_implementation("eager")  # the fused kernels return no weights
     output = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS, output_attentions=True)
     heads, layers = tiny_config.encoder_attention_heads, tiny_config.encoder_layers
     assert len(output.encoder_attentions) == layers and len(output.cross_attentions) == tiny_config.decoder_layers
@@ -168,6 +185,18 @@ def test_hidden_states_are_returned(tiny_config):
     output = make_model(tiny_config)(input_ids=SOURCE, labels=LABELS, output_hidden_states=True)
     assert len(output.encoder_hidden_states) == tiny_config.encoder_layers + 1
     assert len(output.decoder_hidden_states) == tiny_config.decoder_layers + 1
+
+
+def test_config_output_flags_are_honoured(tiny_config, tmp_path):
+    make_model(tiny_config).save_pretrained(tmp_path)
+    model = AutoModelForSeq2SeqLM.from_pretrained(
+        tmp_path, output_hidden_states=True, output_attentions=True, attn_implementation="eager"
+    ).eval()
+    output = model(input_ids=SOURCE, labels=LABELS)
+    assert len(output.encoder_hidden_states) == tiny_config.encoder_layers + 1
+    assert len(output.decoder_hidden_states) == tiny_config.decoder_layers + 1
+    assert len(output.cross_attentions) == tiny_config.decoder_layers
+    assert model(input_ids=SOURCE, labels=LABELS, output_hidden_states=False).encoder_hidden_states is None
 
 
 def test_sinusoidal_encoding_follows_the_paper():
@@ -213,10 +242,25 @@ def test_weight_matrices_are_xavier_uniform():
 
 def test_embeddings_are_shared_and_tied(tiny_config):
     model = make_model(tiny_config)
-    shared = model.model.shared
-    assert model.model.encoder.embed_tokens is shared and model.model.decoder.embed_tokens is shared
-    assert model.lm_head.weight is shared.weight
-    assert model.get_input_embeddings() is shared and model.get_output_embeddings() is model.lm_head
+    shared = model.model.shared.weight
+    assert model.model.encoder.embed_tokens.weight is shared and model.model.decoder.embed_tokens.weight is shared
+    assert model.lm_head.weight is shared
+    assert model.get_input_embeddings().weight is shared and model.get_output_embeddings() is model.lm_head
+
+
+def test_a_checkpoint_without_the_shared_embedding_reports_it_missing(tiny_config, tmp_path):
+    """Tied as Marian ties (parameter level): a missing `shared.weight` is reported and initialised, not left on
+    the meta device."""
+    make_model(tiny_config).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    assert "model.shared.weight" in weights and "model.encoder.embed_tokens.weight" not in weights
+    del weights["model.shared.weight"]
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    loaded, info = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert "model.shared.weight" in info["missing_keys"]
+    assert all(p.device.type == "cpu" for p in loaded.parameters())
+    assert loaded.model.decoder.embed_tokens.weight is loaded.model.shared.weight is loaded.lm_head.weight
+    assert loaded.generate(SOURCE, max_new_tokens=3).shape == (2, 4)
 
 
 def test_untied_and_unshared_embeddings(tiny_config, tmp_path):

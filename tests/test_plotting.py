@@ -22,7 +22,12 @@ def test_cross_attention_matrices_match_generate(trained_model):
     model, tokenizer, _ = trained_model
     text = PAIRS_EN_ES[3][0]
     batch = tokenizer(text, return_tensors="pt")
-    output = model.generate(**batch, output_attentions=True, return_dict_in_generate=True, num_beams=1)
+    model.set_attn_implementation("eager")  # generate() returns attention weights from the eager kernel only
+    try:
+        output = model.generate(**batch, output_attentions=True, return_dict_in_generate=True, num_beams=1)
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert model.config._attn_implementation == "sdpa"
     [target_ids] = generate_ids(model, tokenizer, [text], num_beams=1)
     matrices = cross_attention_matrices(model, tokenizer, text, target_ids)
     layers, heads = model.config.decoder_layers, model.config.decoder_attention_heads
