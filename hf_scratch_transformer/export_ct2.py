@@ -259,6 +259,20 @@ def export_ct2(model_dir, output_dir, quantization: str | None = None, force: bo
 
 
 # ------------------------------------------------------------------------------------------- translating with it
+def ct2_device(requested: str | None = None) -> tuple[str, int]:
+    """(CTranslate2 device, device index) for a --device value such as "cpu", "cuda" or "cuda:1"; without one,
+    cuda when CTranslate2 sees a GPU, else cpu."""
+    ctranslate2 = require_ctranslate2()
+    if not requested:
+        return ("cuda", 0) if ctranslate2.get_cuda_device_count() > 0 else ("cpu", 0)
+    kind, _, index = requested.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+        raise CT2ExportError(f"invalid --device {requested!r} for the ct2 backend: use cpu, cuda or cuda:N")
+    if kind == "cuda" and ctranslate2.get_cuda_device_count() <= int(index or 0):
+        raise CT2ExportError(f"--device {requested!r} asked for, but CTranslate2 sees no such CUDA device here")
+    return kind, int(index or 0)
+
+
 class CT2Translator:
     """An exported directory, loaded: `generate_ids` and `translate` mirror translate.generate_ids /
     translate_texts (sorted batches, input order, empty texts -> None / "", truncation to the model's limit).
@@ -414,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
             import transformers
 
             transformers.logging.set_verbosity_error()
+            transformers.logging.disable_progress_bar()
         try:
             output = export_ct2(args.model, args.output_dir, args.quantization, force=args.force)
         except ModelLoadError as error:
