@@ -125,8 +125,6 @@ def _run(args: argparse.Namespace) -> int:
     else:
         texts = sys.stdin.read().splitlines() if sys.stdin is not None else []
 
-    if args.backend == "ct2":
-        return _run_ct2(args, texts, interactive)
     if not args.debug:
         os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
         import transformers
@@ -139,6 +137,8 @@ def _run(args: argparse.Namespace) -> int:
             huggingface_hub.utils.logging.set_verbosity_error()
         except (ImportError, AttributeError):
             pass
+    if args.backend == "ct2":
+        return _run_ct2(args, texts, interactive)
     from .translate import ModelLoadError, decode_ids, generate_ids, load_model_and_tokenizer, pick_device
 
     try:

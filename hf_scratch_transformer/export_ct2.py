@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import sys
 from pathlib import Path
 
+logger = logging.getLogger("hf_scratch_transformer")
 INSTALL_HINT = "pip install hf-scratch-transformer[ct2]"
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16", "bfloat16")
 INFO_FILE = "hf_scratch_transformer_ct2.json"
@@ -365,9 +367,17 @@ class CT2Translator:
         todo = [i for i, text in enumerate(texts) if text.strip()]
         if not todo:
             return results
-        encoded = self.tokenizer([texts[i] for i in todo], truncation=True, max_length=self.max_source_length,
-                                 verbose=False)["input_ids"]
-        source = dict(zip(todo, encoded))
+        source = dict(zip(todo, self.tokenizer([texts[i] for i in todo], verbose=False)["input_ids"]))
+        too_long = [i for i in todo if len(source[i]) > self.max_source_length]
+        if too_long:  # as the default backend: truncate (keeping </s>) and say so
+            logger.warning(
+                f"{len(too_long)} input text(s) longer than the model's limit of {self.max_source_length} tokens were "
+                f"truncated to it (first: text {too_long[0] + 1}, {len(source[too_long[0]])} tokens); split long "
+                f"texts into sentences"
+            )
+            truncated = self.tokenizer([texts[i] for i in too_long], truncation=True,
+                                       max_length=self.max_source_length)["input_ids"]
+            source.update(zip(too_long, truncated))
         order = sorted(todo, key=lambda i: -len(source[i]))
         bar = None
         if progress:

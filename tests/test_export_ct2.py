@@ -1,7 +1,8 @@
 """CTranslate2 export (hf_scratch_transformer.export_ct2) and `hf-scratch-translate --backend ct2`.
 
 The exported model must decode to the token ids of `generate()` itself (greedy and beam search), on a tiny model
-trained on the CLI fixtures' sentence pairs plus sentences it has never seen (and cut by the length limit).
+trained on the CLI fixtures' sentence pairs plus sentences it has never seen (one truncated to the model's
+limit), in padded batches, with translations ending in </s> and cut by the length limit.
 """
 
 import shutil
@@ -31,6 +32,7 @@ UNSEEN = [
     "the",
     "God God God God God God",
     "Where is the river of the stars and the wife of the man?",
+    "God is love. " * 30,  # longer than the model's 64 positions: truncated, as the default backend does
 ]
 TEXTS = [source for source, _ in PAIRS_EN_ES] + UNSEEN
 
