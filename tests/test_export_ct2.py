@@ -61,7 +61,8 @@ def reference_ids(model, tokenizer, texts, batch_size=8, **generate_kwargs):
     """generate()'s ids per text (start token dropped, cut after </s>), batched and padded like the backends."""
     results = []
     for begin in range(0, len(texts), batch_size):
-        batch = tokenizer(texts[begin : begin + batch_size], padding=True, return_tensors="pt")
+        batch = tokenizer(texts[begin : begin + batch_size], padding=True, truncation=True,
+                          max_length=model.config.max_position_embeddings, return_tensors="pt")
         with torch.no_grad():
             output = model.generate(**batch, **generate_kwargs)
         results += [strip_generated(ids, model) for ids in output.tolist()]
