@@ -141,7 +141,34 @@ def test_expressible_configs_score_like_the_model(tiny_config, tmp_path, overrid
     """Teacher-forced log-probabilities of CTranslate2 equal the model's for every config variant it can express."""
     config = ScratchTransformerConfig(**{**tiny_config.to_dict(), **overrides})
     torch.manual_seed(0)
-    model = ScratchTransformerForConditionalGeneration(config).eval()
+    assert_ct2_scores_like(ScratchTransformerForConditionalGeneration(config).eval(), tmp_path)
+
+
+def test_export_reads_nn_linear_layers_too(tiny_config, tmp_path):
+    """The model file is moving from Conv1D-style projections ((in, out) weights) to nn.Linear ((out, in)): the
+    exporter reads either. Here every projection is swapped for an equivalent nn.Linear."""
+    from transformers.pytorch_utils import Conv1D
+
+    torch.manual_seed(0)
+    model = ScratchTransformerForConditionalGeneration(tiny_config).eval()
+    swapped = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, Conv1D):
+                linear = torch.nn.Linear(child.weight.shape[0], child.weight.shape[1])
+                with torch.no_grad():
+                    linear.weight.copy_(child.weight.T)
+                    linear.bias.copy_(child.bias)
+                setattr(module, name, linear)
+                swapped += 1
+    assert swapped == 2 * 4 + 2 * 7  # encoder layers: qkv, out, fc1, fc2; decoder: + q, kv, out of cross-attention
+    assert_ct2_scores_like(model, tmp_path)
+
+
+def assert_ct2_scores_like(model, tmp_path):
+    """Export `model` with a placeholder vocabulary; CTranslate2's teacher-forced log-probabilities of random
+    sentence pairs must equal the model's."""
+    config = model.config
     tokens = ["<pad>", "<s>", "</s>", "<unk>"] + [f"t{i}" for i in range(4, config.vocab_size)]
     with torch.no_grad():
         spec = build_spec(model, tokens)
