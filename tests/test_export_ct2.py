@@ -8,14 +8,13 @@ limit), in padded batches, with translations ending in </s> and cut by the lengt
 import shutil
 import sys
 
+import ctranslate2  # in the dev extra: pip install -e ".[dev]"
 import pytest
 import torch
 from conftest_cli import PAIRS_EN_ES, one_torch_thread, run_cli, start_cli, trained_model, trained_model_dir  # noqa: F401
 
-ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is in the dev extra: pip install -e '.[dev]'")
-
-from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration  # noqa: E402
-from hf_scratch_transformer.export_ct2 import (  # noqa: E402
+from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration
+from hf_scratch_transformer.export_ct2 import (
     INSTALL_HINT,
     CT2ExportError,
     CT2Translator,
@@ -25,7 +24,7 @@ from hf_scratch_transformer.export_ct2 import (  # noqa: E402
     main as export_main,
     unexpressible_settings,
 )
-from hf_scratch_transformer.translate import strip_generated  # noqa: E402
+from hf_scratch_transformer.translate import strip_generated
 
 UNSEEN = [
     "Something entirely different, which the model has never seen in training at all.",
