@@ -415,60 +415,18 @@ def measure_ct2(preset, seed, threads, gen_batches, check_batch, new_tokens, rep
 
 # ---------------------------------------------------------------------------------------------- CTranslate2
 class CT2Reference:
-    """Our weights in a CTranslate2 TransformerSpec (post-norm, our sinusoid table, <s> start, no pad-row drop)."""
+    """Our weights in a CTranslate2 TransformerSpec, built by hf_scratch_transformer.export_ct2.build_spec
+    (our sinusoid table, <s> start, (out, in) weights whatever the layers store)."""
 
     def __init__(self, ours, threads: int):
         import ctranslate2
-        from ctranslate2.specs import common_spec, transformer_spec
+
+        from hf_scratch_transformer.export_ct2 import build_spec  # the product's exporter, not a copy of it
 
         self.version = ctranslate2.__version__
-        cfg = ours.config
-        spec = transformer_spec.TransformerSpec.from_config(
-            (cfg.encoder_layers, cfg.decoder_layers), cfg.encoder_attention_heads,
-            pre_norm=cfg.normalize_before, activation=common_spec.Activation.RELU,
-        )
-        sd = {k: v.detach().clone().float().numpy() for k, v in ours.state_dict().items()}
-        sd["model.encoder.embed_positions.pe"] = ours.model.encoder.embed_positions.pe.numpy().copy()
-        sd["model.decoder.embed_positions.pe"] = ours.model.decoder.embed_positions.pe.numpy().copy()
-
-        def lin(s, prefix):  # CT2 wants (out, in) weights; our projections (Conv1D) store (in, out)
-            s.weight, s.bias = np.ascontiguousarray(sd[prefix + ".weight"].T), sd[prefix + ".bias"]
-
-        def ln(s, prefix):
-            s.gamma, s.beta = sd[prefix + ".weight"], sd[prefix + ".bias"]
-
-        for stack_spec, stack in ((spec.encoder, "model.encoder"), (spec.decoder, "model.decoder")):
-            stack_spec.scale_embeddings = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
-            stack_spec.position_encodings.encodings = sd[stack + ".embed_positions.pe"]
-            emb = stack_spec.embeddings[0] if isinstance(stack_spec.embeddings, list) else stack_spec.embeddings
-            emb.weight = sd["model.shared.weight"]
-        for i, layer in enumerate(spec.encoder.layer):
-            p = f"model.encoder.layers.{i}"
-            lin(layer.self_attention.linear[0], p + ".self_attn.qkv_proj")
-            lin(layer.self_attention.linear[1], p + ".self_attn.out_proj")
-            ln(layer.self_attention.layer_norm, p + ".self_attn_layer_norm")
-            lin(layer.ffn.linear_0, p + ".feed_forward.fc1")
-            lin(layer.ffn.linear_1, p + ".feed_forward.fc2")
-            ln(layer.ffn.layer_norm, p + ".final_layer_norm")
-        for i, layer in enumerate(spec.decoder.layer):
-            p = f"model.decoder.layers.{i}"
-            lin(layer.self_attention.linear[0], p + ".self_attn.qkv_proj")
-            lin(layer.self_attention.linear[1], p + ".self_attn.out_proj")
-            ln(layer.self_attention.layer_norm, p + ".self_attn_layer_norm")
-            lin(layer.attention.linear[0], p + ".cross_attn.q_proj")
-            lin(layer.attention.linear[1], p + ".cross_attn.kv_proj")
-            lin(layer.attention.linear[2], p + ".cross_attn.out_proj")
-            ln(layer.attention.layer_norm, p + ".cross_attn_layer_norm")
-            lin(layer.ffn.linear_0, p + ".feed_forward.fc1")
-            lin(layer.ffn.linear_1, p + ".feed_forward.fc2")
-            ln(layer.ffn.layer_norm, p + ".final_layer_norm")
-        spec.decoder.projection.weight = sd["model.shared.weight"]  # tied output projection, no bias
         self.tokens = ["<pad>", "<s>", "</s>", "<unk>"] + [f"t{i}" for i in range(FIRST_REAL_TOKEN, VOCAB)]
-        spec.register_source_vocabulary(self.tokens)
-        spec.register_target_vocabulary(self.tokens)
-        spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = "<s>", "</s>", "<unk>"
-        spec.config.decoder_start_token = "<s>"
-        spec.validate()
+        with torch.no_grad():
+            spec = build_spec(ours, self.tokens)
         spec.optimize(quantization="float32")
         self.tmp = tempfile.TemporaryDirectory(prefix="ct2_bench_")
         spec.save(self.tmp.name)

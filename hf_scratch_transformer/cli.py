@@ -4,6 +4,7 @@
     echo "Jesus wept." | hf-scratch-translate --model runs/en-es
     hf-scratch-translate --model runs/en-es --input_file test.en --output_file test.es --num_beams 5
     hf-scratch-translate --model runs/en-es "Jesus wept." --attention attention.png
+    hf-scratch-translate --backend ct2 --model runs/en-es-ct2 "Jesus wept."   # see hf-scratch-export-ct2
 
 Also runnable as `python -m hf_scratch_transformer.cli`. Errors (missing model, unreadable input) print one line on
 stderr and exit with status 2; `--debug` shows the traceback instead.
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--attention_all", action="store_true",
                         help="with --attention: one PNG per non-empty input line, named PNG's stem + '-<line number>' "
                         "(e.g. attention-1.png, attention-2.png; line numbers start at 1)")
+    parser.add_argument("--backend", choices=("pytorch", "ct2"), default="pytorch",
+                        help="pytorch: generate() on a save_pretrained directory (default); ct2: CTranslate2 on a "
+                        "directory written by hf-scratch-export-ct2 (needs pip install hf-scratch-transformer[ct2])")
     parser.add_argument("--no_progress", action="store_true", help="no progress bar when translating a file")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks and library warnings")
     return parser
@@ -133,6 +137,8 @@ def _run(args: argparse.Namespace) -> int:
             huggingface_hub.utils.logging.set_verbosity_error()
         except (ImportError, AttributeError):
             pass
+    if args.backend == "ct2":
+        return _run_ct2(args, texts, interactive)
     from .translate import ModelLoadError, decode_ids, generate_ids, load_model_and_tokenizer, pick_device
 
     try:
@@ -170,6 +176,34 @@ def _run(args: argparse.Namespace) -> int:
             print("warning: no non-empty input sentence, so no attention plot was drawn", file=sys.stderr)
         for line_number, path in _attention_paths(args.attention, line_numbers, args.attention_all):
             _draw(model, tokenizer, texts[line_number - 1], all_ids[line_number - 1], path)
+    return EXIT_OK
+
+
+def _run_ct2(args: argparse.Namespace, texts: list[str], interactive: bool) -> int:
+    """`--backend ct2`: the same input, output and batching as the default backend, decoded by CTranslate2."""
+    from .export_ct2 import CT2ExportError, CT2Translator, ct2_device
+
+    if args.attention:
+        raise CLIError("--attention needs the default backend (CTranslate2 returns no attention weights here)")
+    try:
+        device, device_index = ct2_device(args.device)
+        translator = CT2Translator(args.model, device=device, device_index=device_index)
+        translator.decoding_options(args.num_beams, args.max_new_tokens)  # refuse unsupported settings up front
+    except (CT2ExportError, ValueError) as error:
+        raise CLIError(str(error)) from None
+    options = dict(batch_size=args.batch_size, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
+    beams = args.num_beams if args.num_beams is not None else (translator.generation_config.num_beams or 1)
+    if beams > 1 and translator.generation_config.early_stopping is not True:
+        print("note: CTranslate2's beam search stops when num_beams hypotheses have ended, as generate() does with "
+              "early_stopping=True; this model's generation_config has early_stopping="
+              f"{translator.generation_config.early_stopping!r}", file=sys.stderr)
+    if interactive:
+        print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
+        for line in sys.stdin:
+            print(translator.translate([line.rstrip("\r\n")], **options)[0], flush=True)
+        return EXIT_OK
+    progress = bool(args.input_file) and not args.no_progress
+    _write_lines(args.output_file, translator.translate(texts, progress=progress, **options))
     return EXIT_OK
 
 

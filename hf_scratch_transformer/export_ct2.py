@@ -1,0 +1,456 @@
+"""Export a trained model to CTranslate2, and translate with the exported directory.
+
+    hf-scratch-export-ct2 --model outputs/scratch-small-en-es --output_dir outputs/scratch-small-en-es-ct2
+    hf-scratch-export-ct2 --model outputs/scratch-small-en-es --output_dir outputs/ct2-int8 --quantization int8
+    hf-scratch-translate --backend ct2 --model outputs/ct2-int8 "Jesus wept."
+
+transformers' `ct2-transformers-converter` cannot read this model (packed projections, its own start token and
+vocabulary), so the CTranslate2 `TransformerSpec` is built here from the loaded model: every weight is read from
+the module that uses it, so whatever layout a linear layer stores (`nn.Linear`'s (out, in) or `Conv1D`'s
+(in, out)) the spec gets (out, in). The output directory holds the CTranslate2 model (`model.bin`, `config.json`,
+`shared_vocabulary.json` with the tokens in id order), the tokenizer files, the model's `generation_config.json`
+and `hf_scratch_transformer_ct2.json` (what was exported, from where).
+
+CTranslate2 is an optional dependency: `pip install hf-scratch-transformer[ct2]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+
+logger = logging.getLogger("hf_scratch_transformer")
+INSTALL_HINT = "pip install hf-scratch-transformer[ct2]"
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16", "bfloat16")
+INFO_FILE = "hf_scratch_transformer_ct2.json"
+# generation_config fields the CTranslate2 backend cannot honour: refused rather than silently ignored
+UNSUPPORTED_GENERATION = {
+    "do_sample": False, "num_beam_groups": 1, "forced_bos_token_id": None, "forced_eos_token_id": None,
+    "bad_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+}
+
+
+class CT2ExportError(ValueError):
+    """The model cannot be exported or translated with CTranslate2; the message is one line meant for a user."""
+
+
+class CT2NotInstalledError(CT2ExportError, ImportError):
+    """The optional `ctranslate2` package is missing."""
+
+
+def require_ctranslate2():
+    """The `ctranslate2` module, or CT2NotInstalledError with the install command."""
+    try:
+        import ctranslate2
+    except ImportError as error:
+        raise CT2NotInstalledError(
+            f"CTranslate2 is not installed ({error}): install it with `{INSTALL_HINT}`"
+        ) from None
+    return ctranslate2
+
+
+def linear_weight(module):
+    """The (out, in) weight matrix of a linear layer, whether it stores (out, in) (`nn.Linear`) or (in, out)
+    (transformers' `Conv1D`, which this package's `Projection` subclasses)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return module.weight.T if isinstance(module, Conv1D) else module.weight
+
+
+def unexpressible_settings(config) -> list[str]:
+    """What in `config` CTranslate2's TransformerSpec cannot express (empty when the model exports).
+
+    Expressible, and handled by `build_spec`: post-norm and pre-norm (`normalize_before`, with the final LayerNorm
+    per stack), ReLU and exact (erf) GELU, √d_model or no embedding scaling, any LayerNorm epsilon, different head
+    counts and FFN widths in encoder and decoder, separate encoder/decoder embeddings, an untied output projection,
+    any `max_position_embeddings` (the sinusoid table itself is exported) and any decoder start token.
+    """
+    problems = []
+    model_type = getattr(config, "model_type", None)
+    if model_type != "scratch_transformer":
+        problems.append(
+            f"model_type is {model_type!r}, not 'scratch_transformer' (for transformers' own models use "
+            f"CTranslate2's ct2-transformers-converter)"
+        )
+        return problems
+    activation = config.activation_function
+    if activation not in ("relu", "gelu"):
+        problems.append(f"activation_function {activation!r} has no CTranslate2 equivalent here (relu, gelu do)")
+    eos = config.eos_token_id
+    eos_ids = sorted(set(eos)) if isinstance(eos, list) else [eos]
+    if len(eos_ids) != 1 or eos_ids[0] is None:
+        problems.append(f"eos_token_id {eos!r}: a CTranslate2 model stores exactly one end token")
+    if config.decoder_start_token_id is None and config.bos_token_id is None:
+        problems.append("neither decoder_start_token_id nor bos_token_id is set: no token to start decoding with")
+    return problems
+
+
+def vocabulary_tokens(tokenizer, size: int) -> list[str]:
+    """The tokenizer's tokens in id order, `size` of them: ids the tokenizer lacks (embeddings padded to a
+    multiple) get unique placeholders, which the model never sees in input and practically never generates."""
+    by_id = {index: token for token, index in tokenizer.get_vocab().items()}
+    if len(by_id) > size or (by_id and max(by_id) >= size):
+        raise CT2ExportError(
+            f"the tokenizer has {len(by_id)} tokens (largest id {max(by_id)}) but the model only {size} embeddings: "
+            f"the tokenizer files belong to another model"
+        )
+    taken = set(by_id.values())
+    tokens = []
+    for index in range(size):
+        token = by_id.get(index)
+        if token is None:
+            token = f"<unused_{index}>"
+            while token in taken:
+                token = "_" + token
+            taken.add(token)
+        tokens.append(token)
+    return tokens
+
+
+def _numpy(tensor):
+    import numpy as np
+
+    return np.ascontiguousarray(tensor.detach().float().cpu().numpy())
+
+
+def build_spec(model, tokens: list[str]):
+    """A validated CTranslate2 TransformerSpec holding `model`'s weights (a ScratchTransformerForConditionalGeneration)
+    and the vocabulary `tokens` (id order). Raises CT2ExportError for what CTranslate2 cannot express, including
+    any parameter of the model that the spec has no place for."""
+    require_ctranslate2()
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    config = model.config
+    problems = unexpressible_settings(config)
+    if problems:
+        raise CT2ExportError("cannot export to CTranslate2: " + "; ".join(problems))
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[config.activation_function]
+    pre_norm = bool(config.normalize_before)
+    encoder_spec = transformer_spec.TransformerEncoderSpec(
+        config.encoder_layers, config.encoder_attention_heads, pre_norm=pre_norm, activation=activation
+    )
+    decoder_spec = transformer_spec.TransformerDecoderSpec(
+        config.decoder_layers, config.decoder_attention_heads, pre_norm=pre_norm, activation=activation
+    )
+    spec = transformer_spec.TransformerSpec(encoder_spec, decoder_spec)
+    used = set()  # ids of the parameters copied into the spec
+    arrays = {}  # one numpy array per parameter, so tied weights stay one array (saved once by CTranslate2)
+
+    def array(parameter):
+        used.add(id(parameter))
+        if id(parameter) not in arrays:
+            arrays[id(parameter)] = _numpy(parameter)
+        return arrays[id(parameter)]
+
+    def linear(target, module):
+        weight = linear_weight(module)
+        used.add(id(module.weight))
+        key = ("T", id(module.weight)) if weight is not module.weight else id(module.weight)
+        if key not in arrays:
+            arrays[key] = _numpy(weight)
+        target.weight = arrays[key]
+        if getattr(module, "bias", None) is not None:
+            target.bias = array(module.bias)
+
+    def layer_norm(target, module):
+        target.gamma, target.beta = array(module.weight), array(module.bias)
+
+    base = model.model
+    stacks = ((spec.encoder, base.encoder), (spec.decoder, base.decoder))
+    for stack_spec, stack in stacks:
+        stack_spec.scale_embeddings = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        stack_spec.position_encodings.encodings = _numpy(stack.embed_positions.pe)
+        embeddings = stack_spec.embeddings[0] if isinstance(stack_spec.embeddings, list) else stack_spec.embeddings
+        embeddings.weight = array(stack.embed_tokens.weight)
+        if pre_norm:
+            layer_norm(stack_spec.layer_norm, stack.layer_norm)
+        elif getattr(stack, "layer_norm", None) is not None:
+            raise CT2ExportError("cannot export to CTranslate2: a final stack LayerNorm in a post-norm model")
+        for layer_spec, layer in zip(stack_spec.layer, stack.layers):
+            linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
+            linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
+            layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
+            if stack is base.decoder:
+                linear(layer_spec.attention.linear[0], layer.cross_attn.q_proj)
+                linear(layer_spec.attention.linear[1], layer.cross_attn.kv_proj)
+                linear(layer_spec.attention.linear[2], layer.cross_attn.out_proj)
+                layer_norm(layer_spec.attention.layer_norm, layer.cross_attn_layer_norm)
+            linear(layer_spec.ffn.linear_0, layer.feed_forward.fc1)
+            linear(layer_spec.ffn.linear_1, layer.feed_forward.fc2)
+            layer_norm(layer_spec.ffn.layer_norm, layer.final_layer_norm)
+    linear(spec.decoder.projection, model.lm_head)
+
+    unused = [name for name, parameter in model.named_parameters(remove_duplicate=False) if id(parameter) not in used]
+    if unused:
+        raise CT2ExportError(
+            f"cannot export to CTranslate2: {len(unused)} parameter(s) have no place in a CTranslate2 Transformer "
+            f"(first: {unused[0]})"
+        )
+
+    spec.register_source_vocabulary(tokens)
+    spec.register_target_vocabulary(tokens)
+    start = config.decoder_start_token_id if config.decoder_start_token_id is not None else config.bos_token_id
+    eos = config.eos_token_id[0] if isinstance(config.eos_token_id, list) else config.eos_token_id
+    spec.config.decoder_start_token = tokens[start]
+    spec.config.bos_token = tokens[config.bos_token_id if config.bos_token_id is not None else start]
+    spec.config.eos_token = tokens[eos]
+    unk = getattr(config, "unk_token_id", None)
+    spec.config.unk_token = tokens[unk] if isinstance(unk, int) else ("<unk>" if "<unk>" in tokens else tokens[eos])
+    spec.config.layer_norm_epsilon = float(config.layer_norm_eps)
+    spec.validate()
+    return spec
+
+
+def export_ct2(model_dir, output_dir, quantization: str | None = None, force: bool = False) -> Path:
+    """Export the saved model in `model_dir` to a CTranslate2 model directory `output_dir`; returns its path.
+
+    `quantization`: None / "float32" keeps fp32 weights; "int8", "int8_float32", "int8_float16",
+    "int8_bfloat16", "float16" or "bfloat16" store quantized weights (CTranslate2's `--quantization`).
+    Writes the CTranslate2 model, the tokenizer files, generation_config.json and hf_scratch_transformer_ct2.json.
+    Raises CT2NotInstalledError without ctranslate2, CT2ExportError for a model CTranslate2 cannot express, an
+    unknown quantization or an output directory that is not empty (unless `force`), and
+    translate.ModelLoadError for a directory that does not hold a loadable model.
+    """
+    ctranslate2 = require_ctranslate2()
+    quantization = quantization or "float32"
+    if quantization not in QUANTIZATIONS:
+        raise CT2ExportError(f"unknown quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
+    output = Path(output_dir)
+    if output.exists() and not output.is_dir():
+        raise CT2ExportError(f"--output_dir {output} exists and is not a directory")
+    if output.is_dir() and any(output.iterdir()) and not force:
+        raise CT2ExportError(f"--output_dir {output} is not empty (use --force to overwrite)")
+    if Path(model_dir).resolve() == output.resolve():
+        raise CT2ExportError("--output_dir must differ from --model (both would hold a config.json)")
+
+    from .translate import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(model_dir, "cpu")
+    problems = unexpressible_settings(model.config)
+    if problems:
+        raise CT2ExportError("cannot export to CTranslate2: " + "; ".join(problems))
+    tokens = vocabulary_tokens(tokenizer, model.config.vocab_size)
+    import torch
+
+    with torch.no_grad():
+        spec = build_spec(model, tokens)
+    spec.optimize(quantization=quantization)
+    output.mkdir(parents=True, exist_ok=True)
+    spec.save(str(output))
+    tokenizer.save_pretrained(output)  # tokenizer.json, tokenizer_config.json, ...: no file name clashes with CT2's
+    model.generation_config.save_pretrained(output)
+    from . import __version__
+
+    info = {
+        "format": 1,
+        "exported_from": os.fspath(model_dir),
+        "quantization": quantization,
+        "hf_scratch_transformer": __version__,
+        "ctranslate2": ctranslate2.__version__,
+        "max_position_embeddings": model.config.max_position_embeddings,
+        "vocab_size": model.config.vocab_size,
+        "tokenizer_size": len(tokenizer),
+    }
+    (output / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return output
+
+
+# ------------------------------------------------------------------------------------------- translating with it
+def ct2_device(requested: str | None = None) -> tuple[str, int]:
+    """(CTranslate2 device, device index) for a --device value such as "cpu", "cuda" or "cuda:1"; without one,
+    cuda when CTranslate2 sees a GPU, else cpu."""
+    ctranslate2 = require_ctranslate2()
+    if not requested:
+        return ("cuda", 0) if ctranslate2.get_cuda_device_count() > 0 else ("cpu", 0)
+    kind, _, index = requested.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+        raise CT2ExportError(f"invalid --device {requested!r} for the ct2 backend: use cpu, cuda or cuda:N")
+    if kind == "cuda" and ctranslate2.get_cuda_device_count() <= int(index or 0):
+        raise CT2ExportError(f"--device {requested!r} asked for, but CTranslate2 sees no such CUDA device here")
+    return kind, int(index or 0)
+
+
+class CT2Translator:
+    """An exported directory, loaded: `generate_ids` and `translate` mirror translate.generate_ids /
+    translate_texts (sorted batches, input order, empty texts -> None / "", truncation to the model's limit).
+
+    Decoding settings come from the exported generation_config.json unless given: greedy or beam search,
+    `max_new_tokens` (else max_length - 1, the start token counting in max_length), `min_length`,
+    `length_penalty`, `repetition_penalty` and `no_repeat_ngram_size`. CTranslate2's beam search stops once
+    `num_beams` hypotheses have ended, which is `generate(..., early_stopping=True)` (what train.py saves); with
+    early_stopping=False `generate()` may search on and pick another hypothesis.
+    """
+
+    def __init__(self, model_dir, device: str = "cpu", device_index: int = 0, compute_type: str = "default",
+                 intra_threads: int = 0):
+        ctranslate2 = require_ctranslate2()
+        from transformers import AutoTokenizer, GenerationConfig
+
+        path = Path(model_dir)
+        if not path.is_dir():
+            raise CT2ExportError(f"model directory not found: {model_dir}")
+        if not (path / "model.bin").is_file():
+            raise CT2ExportError(
+                f"{model_dir} is not a CTranslate2 model directory (no model.bin): export it first with "
+                f"hf-scratch-export-ct2 --model {model_dir} --output_dir DIR"
+            )
+        if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+            raise CT2ExportError(f"no tokenizer files in {model_dir}: was it written by hf-scratch-export-ct2?")
+        try:
+            self.translator = ctranslate2.Translator(
+                str(path), device=device, device_index=device_index, compute_type=compute_type,
+                intra_threads=intra_threads, inter_threads=1,
+            )
+        except (RuntimeError, ValueError) as error:
+            raise CT2ExportError(f"cannot load the CTranslate2 model in {model_dir}: {error}") from None
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self.generation_config = (
+            GenerationConfig.from_pretrained(str(path)) if (path / "generation_config.json").is_file()
+            else GenerationConfig()
+        )
+        info_file = path / INFO_FILE
+        self.info = json.loads(info_file.read_text(encoding="utf-8")) if info_file.is_file() else {}
+        vocabulary_file = path / "shared_vocabulary.json"
+        if vocabulary_file.is_file():
+            self.tokens = json.loads(vocabulary_file.read_text(encoding="utf-8"))
+        else:
+            self.tokens = vocabulary_tokens(self.tokenizer, len(self.tokenizer))
+        self.index = {token: i for i, token in enumerate(self.tokens)}
+        limits = [self.info.get("max_position_embeddings"), getattr(self.tokenizer, "model_max_length", None)]
+        limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000]
+        self.max_source_length = min(limits) if limits else 512
+
+    def decoding_options(self, num_beams: int | None = None, max_new_tokens: int | None = None) -> dict:
+        """translate_batch options equivalent to `generate()` with this generation_config and overrides."""
+        gc = self.generation_config
+        for name, default in UNSUPPORTED_GENERATION.items():
+            value = getattr(gc, name, default)
+            if value not in (default, None):
+                raise CT2ExportError(
+                    f"generation_config sets {name}={value!r}, which the CTranslate2 backend does not support"
+                )
+        if max_new_tokens is None:
+            if gc.max_new_tokens is not None:
+                max_new_tokens = gc.max_new_tokens
+            elif gc.max_length is not None:
+                max_new_tokens = gc.max_length - 1  # the decoder start token counts in max_length
+            else:
+                max_new_tokens = 256
+        min_new_tokens = gc.min_new_tokens if gc.min_new_tokens is not None else max((gc.min_length or 0) - 1, 0)
+        return dict(
+            beam_size=num_beams if num_beams is not None else (gc.num_beams or 1),
+            max_decoding_length=max_new_tokens,
+            min_decoding_length=min_new_tokens,
+            length_penalty=gc.length_penalty if gc.length_penalty is not None else 1.0,
+            repetition_penalty=gc.repetition_penalty if gc.repetition_penalty is not None else 1.0,
+            no_repeat_ngram_size=gc.no_repeat_ngram_size or 0,
+            patience=1,
+            num_hypotheses=1,
+            return_end_token=True,  # ids end with </s> as generate()'s do; also its length normalisation counts it
+            max_input_length=0,  # inputs are truncated here, as the default backend does
+            max_batch_size=0,
+        )
+
+    def generate_ids(self, texts: list[str], batch_size: int = 32, num_beams: int | None = None,
+                     max_new_tokens: int | None = None, progress: bool = False) -> list[list[int] | None]:
+        """Generated token ids per text (ending with </s> unless cut by the length limit), None for an empty
+        text; in input order."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        options = self.decoding_options(num_beams, max_new_tokens)
+        results: list[list[int] | None] = [None] * len(texts)
+        todo = [i for i, text in enumerate(texts) if text.strip()]
+        if not todo:
+            return results
+        source = dict(zip(todo, self.tokenizer([texts[i] for i in todo], verbose=False)["input_ids"]))
+        too_long = [i for i in todo if len(source[i]) > self.max_source_length]
+        if too_long:  # as the default backend: truncate (keeping </s>) and say so
+            logger.warning(
+                f"{len(too_long)} input text(s) longer than the model's limit of {self.max_source_length} tokens were "
+                f"truncated to it (first: text {too_long[0] + 1}, {len(source[too_long[0]])} tokens); split long "
+                f"texts into sentences"
+            )
+            truncated = self.tokenizer([texts[i] for i in too_long], truncation=True,
+                                       max_length=self.max_source_length)["input_ids"]
+            source.update(zip(too_long, truncated))
+        order = sorted(todo, key=lambda i: -len(source[i]))
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(order), unit="sent", desc="translating", dynamic_ncols=True)
+        try:
+            for begin in range(0, len(order), batch_size):
+                indices = order[begin : begin + batch_size]
+                batch = [[self.tokens[token_id] for token_id in source[i]] for i in indices]
+                for index, result in zip(indices, self.translator.translate_batch(batch, **options)):
+                    results[index] = [self.index[token] for token in result.hypotheses[0]]
+                if bar is not None:
+                    bar.update(len(indices))
+        finally:
+            if bar is not None:
+                bar.close()
+        return results
+
+    def translate(self, texts: list[str], batch_size: int = 32, num_beams: int | None = None,
+                  max_new_tokens: int | None = None, progress: bool = False) -> list[str]:
+        """One output string per input text, in input order; empty texts give empty strings."""
+        from .translate import decode_ids
+
+        ids = self.generate_ids(texts, batch_size, num_beams, max_new_tokens, progress)
+        return [decode_ids(self.tokenizer, token_ids) for token_ids in ids]
+
+
+# ---------------------------------------------------------------------------------------------------- command
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hf-scratch-export-ct2",
+        description="Export a saved hf_scratch_transformer model to a CTranslate2 model directory (with the "
+        f"tokenizer files beside it). Needs the optional dependency: {INSTALL_HINT}",
+        epilog="example:\n  hf-scratch-export-ct2 --model outputs/scratch-small-en-es --output_dir outputs/ct2 "
+        "--quantization int8\n  hf-scratch-translate --backend ct2 --model outputs/ct2 \"Jesus wept.\"",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", "-m", required=True, metavar="DIR", help="directory written by save_pretrained")
+    parser.add_argument("--output_dir", "-o", required=True, metavar="OUT", help="CTranslate2 model directory to write")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
+                        help="weight type to store (default: float32)")
+    parser.add_argument("--force", action="store_true", help="write into a non-empty --output_dir")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `hf-scratch-export-ct2` with `argv`; returns the exit status (2 for a problem the user can fix)."""
+    args = build_parser().parse_args(argv)
+    if not args.debug:
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    try:
+        require_ctranslate2()
+        from .translate import ModelLoadError
+
+        if not args.debug:
+            import transformers
+
+            transformers.logging.set_verbosity_error()
+            transformers.logging.disable_progress_bar()
+        try:
+            output = export_ct2(args.model, args.output_dir, args.quantization, force=args.force)
+        except ModelLoadError as error:
+            raise CT2ExportError(str(error)) from None
+    except CT2ExportError as error:
+        if args.debug:
+            raise
+        print(f"hf-scratch-export-ct2: error: {error}", file=sys.stderr)
+        return 2
+    print(f"CTranslate2 model ({args.quantization or 'float32'}) written to {output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
