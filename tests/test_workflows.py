@@ -323,6 +323,7 @@ def test_lora_recipe_adapts_every_attention_projection(trained_model):  # noqa: 
                        for projection in projections}
     assert all(".lora_" in name for name, p in lora.named_parameters() if p.requires_grad)
     sources, targets = zip(*PAIRS_EN_ES[:8])
+    targets = targets[1:] + targets[:1]  # pairs the model has not learned: its loss starts high
     batch = tokenizer(list(sources), text_target=list(targets), padding=True, return_tensors="pt")
     batch["labels"] = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
     optimizer = torch.optim.Adam([p for p in lora.parameters() if p.requires_grad], lr=1e-2)
@@ -334,7 +335,7 @@ def test_lora_recipe_adapts_every_attention_projection(trained_model):  # noqa: 
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    assert losses[-1] < losses[0]
+    assert losses[-1] < 0.8 * losses[0], losses
     lora.eval()
     inputs = {key: batch[key] for key in ("input_ids", "attention_mask")}
     decoder_input_ids = torch.ones_like(batch["input_ids"][:, :5])
