@@ -16,7 +16,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -393,8 +393,13 @@ class Run:
         # A model to start from is loaded first: a wrong path or contradicting size flags fail before the corpus.
         self.pretrained = self._load_pretrained() if self.model_args.model_name_or_path else None
 
+        corpus_args = data_args
+        if not args.do_train and not data_args.train_file and (data_args.test_file or data_args.validation_file):
+            # Evaluating an existing model needs no training file: the loader wants one, so it gets a given file,
+            # whose "train" split is dropped below.
+            corpus_args = replace(data_args, train_file=data_args.test_file or data_args.validation_file)
         try:
-            raw = load_parallel_corpus(data_args, seed=args.seed)
+            raw = load_parallel_corpus(corpus_args, seed=args.seed)
         except (CorpusError, ConnectionError) as error:
             raise UsageError(str(error)) from error
         if not args.do_train:  # evaluation only: the training split is not needed

@@ -176,7 +176,7 @@ def test_do_predict_alone_writes_predictions_in_input_order(trained_model, tmp_p
     model, tokenizer, model_dir = trained_model
     output_dir = tmp_path / "out"
     flags = finetune_flags(output_dir, model_dir, do_predict=True, num_beams=1, eval_max_new_tokens=12, max_len_a=0,
-                           max_len_b=0)
+                           max_len_b=0, train_file=None, validation_file=None)  # a test file is all it needs
     assert main(flags, MODEL_CARD_TEMPLATE) == 0
     assert "test, greedy" in capsys.readouterr().err  # the progress bar of the test decoding
     names = {path.name for path in output_dir.iterdir()}
