@@ -1,10 +1,17 @@
 #!/usr/bin/env python
 """Train the from-scratch Transformer on a parallel corpus and write a Hub-format model directory.
 
-    accelerate launch train.py                      # small preset, English->Spanish, the shipped corpus
-    python train.py --preset tiny --max_steps 100   # a smoke run
-    python train.py configs/small-en-es.json        # flags from a JSON or YAML file
+    python train.py                                 # small preset, English->Spanish, the shipped corpus
+    python train.py --preset tiny --max_steps 200 --max_eval_samples 100 --max_predict_samples 100 \
+        --output_dir outputs/tiny                   # a smoke run
+    python train.py configs/tiny-smoke.yaml         # flags from a JSON or YAML file (see configs/)
+    python train.py --model_name_or_path outputs/tiny --do_predict --max_predict_samples 100 \
+        --output_dir outputs/tiny-eval              # predict only, with an existing model
     python train.py --help                          # every flag
+
+`python train.py` runs one process; `accelerate launch train.py` runs the same code in as many processes as
+accelerate is configured for (`accelerate launch --quiet ...` for one process: a failed run then ends with this
+script's one-line error and no accelerate traceback).
 
 The work happens in `hf_scratch_transformer.training`; this file only hands it the model-card template.
 """

@@ -295,8 +295,9 @@ def run_ours(s: dict, args, workdir: Path) -> dict:
     end = time.time()
     return curve_from_marks("train.py (run_training, our defaults)", t0, marks, end, {
         "flags": argv, "train_steps": results["train_steps"], "train_tokens": results["train_tokens"],
-        "train_tokens_per_second": results["train_tokens_per_second"], "train_pairs": results["train_pairs"],
-        "final_test_bleu_greedy": results.get("test_bleu_greedy"), "final_test_chrf_greedy": results.get("test_chrf_greedy"),
+        "train_tokens_per_second": results["train_tokens_per_second"], "train_pairs": results["train_samples"],
+        # --num_beams 1: the test decoding (predict_*) is greedy
+        "final_test_bleu_greedy": results.get("predict_bleu"), "final_test_chrf_greedy": results.get("predict_chrf"),
     })
 
 

@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num_beams", type=int, metavar="N", help="beam size (default: the model's generation_config)")
     parser.add_argument("--max_new_tokens", type=int, metavar="N",
                         help="longest translation in tokens (default: the model's generation_config)")
+    parser.add_argument("--max_len_a", type=float, default=1.5, metavar="A",
+                        help="bound each translation to A * source tokens + B new tokens (fairseq's max_len_a/b), "
+                        "within --max_new_tokens; 0 and 0 turn the bound off (default: 1.5)")
+    parser.add_argument("--max_len_b", type=float, default=10, metavar="B", help="see --max_len_a (default: 10)")
     parser.add_argument("--batch_size", type=int, default=32, metavar="N",
                         help="sentences per generate() call; inputs are sorted by length first (default: 32)")
     parser.add_argument("--device", metavar="DEVICE",
@@ -109,6 +113,8 @@ def _run(args: argparse.Namespace) -> int:
         raise CLIError(f"--num_beams must be at least 1, got {args.num_beams}")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise CLIError(f"--max_new_tokens must be at least 1, got {args.max_new_tokens}")
+    if args.max_len_a < 0 or args.max_len_b < 0:
+        raise CLIError(f"--max_len_a and --max_len_b must be >= 0, got {args.max_len_a} and {args.max_len_b}")
     if args.text and args.input_file:
         raise CLIError("give either TEXT arguments or --input_file, not both")
     if args.attention_all and not args.attention:
@@ -151,7 +157,7 @@ def _run(args: argparse.Namespace) -> int:
         raise CLIError(str(error)) from None
 
     options = dict(batch_size=args.batch_size, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
-                   device=device)
+                   device=device, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
     if interactive:  # a terminal: translate each line as it is typed
         print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
         line_number, drawn = 0, False

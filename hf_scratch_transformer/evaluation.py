@@ -5,7 +5,7 @@ from pathlib import Path
 import evaluate
 import torch
 
-from .translate import translate_texts
+from .translate import decode_ids, generate_ids
 
 METRICS_DIR = Path(__file__).resolve().parent / "metrics"
 
@@ -26,14 +26,22 @@ def translation_scores(predictions: list[str], references: list[str]) -> dict[st
 
 def evaluate_translations(
     model, tokenizer, sources: list[str], references: list[str], num_beams: int = 1, batch_size: int = 64,
-    max_new_tokens: int = 256, progress: bool = False,
+    max_new_tokens: int = 256, progress: bool = False, max_len_a: float = 0.0, max_len_b: float = 0.0,
+    description: str = "translating",
 ) -> tuple[dict[str, float], list[str]]:
-    """Translate `sources` and score them: ({"bleu", "chrf"}, predictions)."""
-    predictions = translate_texts(
+    """Translate `sources` and score them: ({"bleu", "chrf", "gen_len"}, predictions).
+
+    `gen_len` is run_translation.py's: the mean length of the generated token sequences (`</s>` counted, the
+    decoder start token and padding not). `max_len_a`/`max_len_b` bound each translation (see `generate_ids`).
+    """
+    ids = generate_ids(
         model, tokenizer, sources, batch_size=batch_size, num_beams=num_beams, max_new_tokens=max_new_tokens,
-        progress=progress,
+        progress=progress, max_len_a=max_len_a, max_len_b=max_len_b, description=description,
     )
-    return translation_scores(predictions, references), predictions
+    predictions = [decode_ids(tokenizer, token_ids) for token_ids in ids]
+    scores = translation_scores(predictions, references)
+    scores["gen_len"] = round(sum(len(token_ids or []) for token_ids in ids) / max(len(ids), 1), 4)
+    return scores, predictions
 
 
 @torch.no_grad()

@@ -6,6 +6,8 @@ Every saved model directory carries this file and a `custom_pipelines` entry in 
 This file imports only transformers: it is copied into saved directories for `trust_remote_code=True`.
 """
 
+import copy
+
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig, Pipeline, pipeline
 
 
@@ -72,5 +74,24 @@ def translation_pipeline(model, tokenizer=None, **kwargs) -> TranslationPipeline
     if tokenizer is None:
         raise ValueError("Pass the tokenizer that goes with the model object: translation_pipeline(model, tokenizer).")
     return pipeline(
-        "translation", model=model, tokenizer=tokenizer, config=model.config, pipeline_class=TranslationPipeline, **kwargs
+        "translation", model=model, tokenizer=tokenizer, config=_config_for_pipeline(model.config),
+        pipeline_class=TranslationPipeline, **kwargs
     )
+
+
+def _config_for_pipeline(config):
+    """A copy of the model's config for `pipeline(config=...)`.
+
+    transformers' `pipeline()` rewrites the `custom_pipelines` entry of the config it is given in place, replacing
+    the class names under "pt" by the classes themselves (`clean_custom_task`). Given `model.config`, a second call
+    then fails with `TypeError: attribute name must be string, not 'type'`, and the model's config no longer
+    serialises. The copy keeps the model's config untouched; its entry is rebuilt with names, which also repairs a
+    config that an earlier direct `pipeline(..., config=model.config)` call has rewritten.
+    """
+    config = copy.deepcopy(config)
+    entries = getattr(config, "custom_pipelines", None) or {}
+    for task, entry in entries.items():
+        classes = entry.get("pt", ())
+        classes = [classes] if isinstance(classes, (str, type)) else classes
+        entries[task] = {**entry, "pt": [c if isinstance(c, str) else c.__name__ for c in classes]}
+    return config

@@ -16,7 +16,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -44,7 +44,10 @@ from .tokenization import train_tokenizer_on_corpus
 
 logger = logging.getLogger("hf_scratch_transformer")
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
-TRAINER_STATE = "trainer_state.json"
+# This package's own run state (JSON), named so that it is not taken for transformers' `trainer_state.json`
+# (`TrainerState`), which it is not. Checkpoints written before the rename hold the same JSON under the old name.
+TRAINER_STATE = "run_state.json"
+LEGACY_TRAINER_STATE = "trainer_state.json"
 
 
 class UsageError(Exception):
@@ -65,23 +68,54 @@ class RunInterrupted(Exception):
 
 @dataclass
 class ModelArguments:
-    """Model size: a preset, then per-field overrides."""
+    """Model size: a preset, then per-field overrides; or an existing model to fine-tune or continue training."""
 
-    preset: str = field(default="small", metadata={"help": f"Model size preset: {', '.join(PRESETS)}."})
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Start from this saved model directory or hub id, with its tokenizer (vocabulary kept), "
+                          "instead of a new model; size flags must then agree with it."},
+    )
+    preset: str | None = field(
+        default=None, metadata={"help": f"Model size preset: {', '.join(PRESETS)} (default: small)."}
+    )
     d_model: int | None = field(default=None, metadata={"help": "Override the preset's width."})
     encoder_layers: int | None = field(default=None, metadata={"help": "Override the number of encoder layers."})
     decoder_layers: int | None = field(default=None, metadata={"help": "Override the number of decoder layers."})
     attention_heads: int | None = field(default=None, metadata={"help": "Override the heads of every attention."})
     ffn_dim: int | None = field(default=None, metadata={"help": "Override the feed-forward width of every layer."})
-    dropout: float = field(default=0.1, metadata={"help": "Residual and embedding dropout (P_drop)."})
-    attention_dropout: float = field(default=0.0, metadata={"help": "Dropout on attention weights."})
-    activation_dropout: float = field(default=0.0, metadata={"help": "Dropout after the feed-forward ReLU."})
+    dropout: float | None = field(
+        default=None, metadata={"help": "Residual and embedding dropout (P_drop); default 0.1, or the model's own."})
+    attention_dropout: float | None = field(
+        default=None, metadata={"help": "Dropout on attention weights; default 0.0, or the model's own."})
+    activation_dropout: float | None = field(
+        default=None, metadata={"help": "Dropout after the feed-forward ReLU; default 0.0, or the model's own."})
     normalize_before: bool = field(default=False, metadata={"help": "Pre-norm instead of the paper's post-norm."})
-    max_position_embeddings: int = field(default=1024, metadata={"help": "Longest sequence the model accepts."})
+    max_position_embeddings: int | None = field(
+        default=None, metadata={"help": "Longest sequence the model accepts (default: 1024)."})
+
+    def dropout_overrides(self) -> dict:
+        """The dropout rates given on the command line (a fine-tuned model keeps its own otherwise)."""
+        rates = {"dropout": self.dropout, "attention_dropout": self.attention_dropout,
+                 "activation_dropout": self.activation_dropout}
+        return {name: value for name, value in rates.items() if value is not None}
+
+    def size_overrides(self) -> dict:
+        """Config fields set by size flags on the command line (a preset given explicitly included)."""
+        sizes = dict(PRESETS[self.preset]) if self.preset in PRESETS else {}
+        given = {
+            "d_model": self.d_model, "encoder_layers": self.encoder_layers, "decoder_layers": self.decoder_layers,
+            "encoder_attention_heads": self.attention_heads, "decoder_attention_heads": self.attention_heads,
+            "encoder_ffn_dim": self.ffn_dim, "decoder_ffn_dim": self.ffn_dim,
+            "normalize_before": self.normalize_before or None,  # False is also the default: only True is a request
+            "max_position_embeddings": self.max_position_embeddings,
+        }
+        sizes.update({key: value for key, value in given.items() if value is not None})
+        return sizes
 
     def build_config(self, vocab_size: int) -> ScratchTransformerConfig:
-        if self.preset not in PRESETS:
-            raise UsageError(f"unknown --preset {self.preset!r}: choose one of {', '.join(PRESETS)}")
+        preset = self.preset or "small"
+        if preset not in PRESETS:
+            raise UsageError(f"unknown --preset {preset!r}: choose one of {', '.join(PRESETS)}")
         overrides = {
             "d_model": self.d_model, "encoder_layers": self.encoder_layers, "decoder_layers": self.decoder_layers,
             "encoder_attention_heads": self.attention_heads, "decoder_attention_heads": self.attention_heads,
@@ -89,9 +123,8 @@ class ModelArguments:
         }
         try:
             return ScratchTransformerConfig.from_preset(
-                self.preset, vocab_size=vocab_size, dropout=self.dropout, attention_dropout=self.attention_dropout,
-                activation_dropout=self.activation_dropout, normalize_before=self.normalize_before,
-                max_position_embeddings=self.max_position_embeddings,
+                preset, vocab_size=vocab_size, normalize_before=self.normalize_before,
+                max_position_embeddings=self.max_position_embeddings or 1024, **self.dropout_overrides(),
                 **{key: value for key, value in overrides.items() if value is not None},
             )
         except ValueError as error:
@@ -130,6 +163,14 @@ class TrainingArguments:
     )
     num_beams: int = field(default=4, metadata={"help": "Beam size of the test evaluation and the saved model."})
     eval_max_new_tokens: int = field(default=256, metadata={"help": "Longest translation during evaluation."})
+    max_len_a: float = field(
+        default=1.5, metadata={"help": "Evaluation translations get at most max_len_a * source tokens + max_len_b new "
+                                       "tokens (fairseq), within --eval_max_new_tokens; 0 and 0: no bound."})
+    max_len_b: float = field(default=10, metadata={"help": "See --max_len_a."})
+    do_train: bool = field(default=False, metadata={"help": "Train (with no --do_* flag: train, eval and predict)."})
+    do_eval: bool = field(default=False, metadata={"help": "Validation loss, BLEU and chrF at the end."})
+    do_predict: bool = field(
+        default=False, metadata={"help": "Translate the test split: generated_predictions.txt, test BLEU and chrF."})
     report_to: str = field(default="tensorboard", metadata={"help": "Accelerate tracker(s), comma-separated, or none."})
     bf16: bool = field(default=False, metadata={"help": "bf16 mixed precision (GPU, or recent CPUs)."})
     fp16: bool = field(default=False, metadata={"help": "fp16 mixed precision (GPU)."})
@@ -146,6 +187,8 @@ class TrainingArguments:
         default=0, metadata={"help": "Torch threads per process on CPU (0: the CPUs available / local processes)."}
     )
     debug: bool = field(default=False, metadata={"help": "Show full tracebacks of errors."})
+    verbose: bool = field(
+        default=False, metadata={"help": "Show the datasets progress bars and library logs that are hidden by default."})
 
 
 # ------------------------------------------------------------------------------------------------ argument checks
@@ -178,9 +221,18 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[ModelArguments, Data
 
 def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
     """Refuse contradictory or impossible settings before any work is done."""
-    if model_args.preset not in PRESETS:
+    if model_args.preset is not None and model_args.preset not in PRESETS:
         raise UsageError(f"unknown --preset {model_args.preset!r}: choose one of {', '.join(PRESETS)}")
     model_args.build_config(vocab_size=data_args.tokenizer_vocab_size)  # sizes that contradict fail before any work
+    if not (args.do_train or args.do_eval or args.do_predict):  # run_translation.py needs them; here: all three
+        args.do_train = args.do_eval = args.do_predict = True
+    if args.resume_from_checkpoint and not args.do_train:
+        raise UsageError("--resume_from_checkpoint continues training: add --do_train (or no --do_* flag)")
+    if not args.do_train and not model_args.model_name_or_path:
+        raise UsageError("--do_eval/--do_predict without --do_train evaluate an existing model: give it with "
+                         "--model_name_or_path DIR")
+    if args.max_len_a < 0 or args.max_len_b < 0:
+        raise UsageError(f"--max_len_a and --max_len_b must be >= 0, got {args.max_len_a} and {args.max_len_b}")
     if data_args.source_lang == data_args.target_lang:
         raise UsageError(f"--source_lang and --target_lang are both {data_args.source_lang!r}: give two languages")
     if args.hub_strategy not in ("end", "every_save", "checkpoint"):
@@ -199,10 +251,11 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: 
             f"--max_tokens {data_args.max_tokens} is smaller than the longest allowed sentence ({longest} tokens): "
             f"raise --max_tokens or lower --max_source_length/--max_target_length"
         )
-    if longest + 1 > model_args.max_position_embeddings:
+    limit = model_args.max_position_embeddings or (None if model_args.model_name_or_path else 1024)
+    if limit is not None and longest + 1 > limit:
         raise UsageError(
             f"--max_source_length/--max_target_length ({longest}) must be below --max_position_embeddings "
-            f"({model_args.max_position_embeddings})"
+            f"({limit})"
         )
     output_dir = Path(args.output_dir)
     if output_dir.exists() and not output_dir.is_dir():
@@ -210,7 +263,7 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: 
     # Staging folders left by a run that stopped during setup hold nothing to lose.
     kept = [path for path in output_dir.iterdir() if not path.name.startswith((".tokenizer", ".staging-"))] \
         if output_dir.is_dir() else []
-    if kept and not args.overwrite_output_dir and not args.resume_from_checkpoint:
+    if kept and args.do_train and not args.overwrite_output_dir and not args.resume_from_checkpoint:
         raise UsageError(
             f"output directory {output_dir} exists and is not empty: pass --overwrite_output_dir to replace it, "
             f"--resume_from_checkpoint latest to continue its run, or another --output_dir"
@@ -225,8 +278,17 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
     if not output_dir.is_dir():
         return []
     found = [(int(m.group(1)), path) for path in output_dir.iterdir()
-             if path.is_dir() and (m := CHECKPOINT_PATTERN.match(path.name)) and (path / TRAINER_STATE).is_file()]
+             if path.is_dir() and (m := CHECKPOINT_PATTERN.match(path.name)) and run_state_file(path) is not None]
     return [path for _, path in sorted(found)]
+
+
+def run_state_file(checkpoint: Path) -> Path | None:
+    """The run-state JSON of a checkpoint: `run_state.json`, or `trainer_state.json` in checkpoints written before
+    it was renamed; None if there is neither."""
+    for name in (TRAINER_STATE, LEGACY_TRAINER_STATE):
+        if (checkpoint / name).is_file():
+            return checkpoint / name
+    return None
 
 
 def resolve_checkpoint(value: str, output_dir: Path) -> Path:
@@ -236,7 +298,7 @@ def resolve_checkpoint(value: str, output_dir: Path) -> Path:
             raise UsageError(f"--resume_from_checkpoint latest: no complete checkpoint in {output_dir}")
         return checkpoints[-1]
     path = Path(value)
-    if not (path / TRAINER_STATE).is_file():
+    if run_state_file(path) is None:
         raise UsageError(f"--resume_from_checkpoint {path}: not a complete checkpoint (no {TRAINER_STATE})")
     return path
 
@@ -244,6 +306,19 @@ def resolve_checkpoint(value: str, output_dir: Path) -> Path:
 ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
                        "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "normalize_before",
                        "max_position_embeddings", "share_encoder_decoder_embeddings", "tie_word_embeddings")
+
+
+def check_model_flags(model_args: ModelArguments, data_args: DataArguments, config, name: str) -> None:
+    """Size flags given with --model_name_or_path must describe that model: the vocabulary and sizes are its own."""
+    different = [f"{key} {value} (the model has {getattr(config, key, None)})"
+                 for key, value in model_args.size_overrides().items() if getattr(config, key, None) != value]
+    if different:
+        raise UsageError(f"size flags contradict the model {name}: {'; '.join(different)}; drop them to start from "
+                         f"the model as it is")
+    longest = max(data_args.max_source_length, data_args.max_target_length)
+    if longest + 1 > config.max_position_embeddings:
+        raise UsageError(f"--max_source_length/--max_target_length ({longest}) must be below the model's "
+                         f"max_position_embeddings ({config.max_position_embeddings})")
 
 
 def check_same_architecture(checkpoint: Path, config: ScratchTransformerConfig) -> None:
@@ -295,6 +370,7 @@ class Run:
     def setup(self) -> None:
         args, data_args = self.args, self.data_args
         check_arguments(self.model_args, data_args, args)
+        _quiet_libraries(args.verbose)
         trackers = [name.strip() for name in args.report_to.split(",") if name.strip() not in ("", "none")]
         self.accelerator = Accelerator(
             gradient_accumulation_steps=args.gradient_accumulation_steps,
@@ -314,15 +390,27 @@ class Run:
             for old in self.output_dir.glob("checkpoint-*"):
                 shutil.rmtree(old)
         set_seed(args.seed)
+        # A model to start from is loaded first: a wrong path or contradicting size flags fail before the corpus.
+        self.pretrained = self._load_pretrained() if self.model_args.model_name_or_path else None
 
+        corpus_args = data_args
+        if not args.do_train and not data_args.train_file and (data_args.test_file or data_args.validation_file):
+            # Evaluating an existing model needs no training file: the loader wants one, so it gets a given file,
+            # whose "train" split is dropped below.
+            corpus_args = replace(data_args, train_file=data_args.test_file or data_args.validation_file)
         try:
-            raw = load_parallel_corpus(data_args, seed=args.seed)
+            raw = load_parallel_corpus(corpus_args, seed=args.seed)
         except (CorpusError, ConnectionError) as error:
             raise UsageError(str(error)) from error
+        if not args.do_train:  # evaluation only: the training split is not needed
+            raw = type(raw)({name: split for name, split in raw.items() if name != "train"})
         self.tokenizer = self._tokenizer(raw)
+        started = time.time()
         with self.accelerator.main_process_first():
             self.datasets, self.filter_report = preprocess_corpus(raw, self.tokenizer, data_args)
-        if len(self.datasets["train"]) == 0:
+        logger.info("tokenised and filtered in %.1f s: %s", time.time() - started, "; ".join(
+            f"{split} {report['kept']} of {report['input']} pairs kept" for split, report in self.filter_report.items()))
+        if args.do_train and len(self.datasets["train"]) == 0:
             raise UsageError(f"every training pair was filtered out ({self.filter_report['train']}): check the "
                              f"language keys and --max_source_length/--max_target_length/--max_length_ratio")
         for split, report in self.filter_report.items():
@@ -331,14 +419,23 @@ class Run:
                                f"or empty")
         self.eval_sources, self.eval_references = evaluation_pairs(raw["validation"], data_args)
         self.test_sources, self.test_references = evaluation_pairs(raw["test"], data_args)
-        if not self.eval_sources:
+        if (args.do_train or args.do_eval) and not self.eval_sources:
             raise UsageError("the validation split has no usable pairs: give --validation_file with pairs in it")
 
-        config = self.model_args.build_config(vocab_size=len(self.tokenizer))
+        if self.pretrained is not None:
+            self.model = self.pretrained[0]
+            config = self.model.config
+        else:
+            config = self.model_args.build_config(vocab_size=len(self.tokenizer))
+            self.model = ScratchTransformerForConditionalGeneration(config)
         if self.checkpoint is not None:
             check_same_architecture(self.checkpoint, config)
-        self.model = ScratchTransformerForConditionalGeneration(config)
         self.model.generation_config = self._generation_config()
+        _DECLARED_TIES.tied = set(getattr(self.model, "all_tied_weights_keys", None) or {})
+        self.collator = make_collator(self.tokenizer)
+        if not args.do_train:
+            self.model.to(self.accelerator.device).eval()
+            return
         optimizer_class = torch.optim.AdamW if args.weight_decay > 0 else torch.optim.Adam
         optimizer = optimizer_class(self.model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay,
                                     betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
@@ -346,7 +443,6 @@ class Run:
         self.scheduler = get_inverse_sqrt_schedule(optimizer, num_warmup_steps=args.warmup_steps)
         self.train_model = torch.compile(self.model) if args.torch_compile else self.model
         self.train_model, self.optimizer = self.accelerator.prepare(self.train_model, optimizer)
-        self.collator = make_collator(self.tokenizer)
         self.sampler = make_batch_sampler(
             self.datasets["train"], data_args, args.per_device_train_batch_size, shuffle=True, seed=args.seed,
             num_replicas=self.accelerator.num_processes, rank=self.accelerator.process_index,
@@ -359,10 +455,30 @@ class Run:
         if trackers:
             self.accelerator.init_trackers("runs", config=self._hyperparameters())
 
+    def _load_pretrained(self):
+        """(model, tokenizer) of --model_name_or_path, refused with one line if unusable or contradicted by flags."""
+        from .translate import ModelLoadError, load_model_and_tokenizer
+
+        name = self.model_args.model_name_or_path
+        try:
+            model, tokenizer = load_model_and_tokenizer(name, config_overrides=self.model_args.dropout_overrides())
+        except ModelLoadError as error:
+            raise UsageError(f"--model_name_or_path: {error}") from error
+        if getattr(model.config, "model_type", None) != ScratchTransformerConfig.model_type:
+            raise UsageError(f"--model_name_or_path {name} is a {model.config.model_type!r} model: train.py trains "
+                             f"and fine-tunes only {ScratchTransformerConfig.model_type!r} models")
+        check_model_flags(self.model_args, self.data_args, model.config, name)
+        logger.info(f"starting from {name}: {model.num_parameters() / 1e6:.1f} M parameters, its tokenizer "
+                    f"({len(tokenizer)} tokens; --tokenizer_vocab_size is not used)")
+        return model, tokenizer
+
     def _tokenizer(self, raw):
-        """Trained on the training split (main process), or the one a resumed checkpoint was trained with."""
+        """Trained on the training split (main process), the one of --model_name_or_path, or the one a resumed
+        checkpoint was trained with."""
         if self.checkpoint is not None:
             return AutoTokenizer.from_pretrained(self.checkpoint)
+        if self.pretrained is not None:
+            return self.pretrained[1]
         staging = self.output_dir / ".tokenizer"
         if self.is_main:
             tokenizer = train_tokenizer_on_corpus(
@@ -379,6 +495,7 @@ class Run:
         return GenerationConfig(
             decoder_start_token_id=self.model.config.decoder_start_token_id, bos_token_id=self.model.config.bos_token_id,
             eos_token_id=self.model.config.eos_token_id, pad_token_id=self.model.config.pad_token_id,
+            # max_new_tokens rather than max_length: a call with its own max_new_tokens then gives no warning.
             num_beams=self.args.num_beams, max_new_tokens=self.data_args.max_target_length,
             early_stopping=self.args.num_beams > 1,
         )
@@ -502,6 +619,11 @@ class Run:
         sampler = make_batch_sampler(dataset, self.data_args, self.args.per_device_eval_batch_size, shuffle=False)
         return DataLoader(dataset, batch_sampler=sampler, collate_fn=self.collator)
 
+    def _decoding_options(self) -> dict:
+        """How validation and test translate: bounded to a * source length + b, a progress bar on the main process."""
+        return dict(batch_size=self.args.per_device_eval_batch_size, max_new_tokens=self.args.eval_max_new_tokens,
+                    max_len_a=self.args.max_len_a, max_len_b=self.args.max_len_b, progress=self.is_main)
+
     def validate(self) -> dict:
         """Validation loss and greedy BLEU/chrF, on the main process; logged and added to the history."""
         row = {}
@@ -509,29 +631,37 @@ class Run:
             model = self.accelerator.unwrap_model(self.model).eval()  # no dropout while validating
             loss = evaluation_loss(model, self._eval_batches("validation"), self.accelerator.device)
             scores, _ = evaluate_translations(model, self.tokenizer, self.eval_sources, self.eval_references,
-                                              num_beams=1, batch_size=self.args.per_device_eval_batch_size,
-                                              max_new_tokens=self.args.eval_max_new_tokens)
-            model.train()
+                                              num_beams=1, description=f"validation, step {self.state.global_step}",
+                                              **self._decoding_options())
+            model.train(self.args.do_train)
             row = {"step": self.state.global_step, "eval_loss": round(loss, 4), "eval_bleu": scores["bleu"],
-                   "eval_chrf": scores["chrf"]}
+                   "eval_chrf": scores["chrf"], "eval_gen_len": scores["gen_len"]}
             self._log(row)
         self.accelerator.wait_for_everyone()
         return row
 
     def test(self) -> dict:
-        """Test BLEU/chrF with greedy decoding and with beam search (main process)."""
+        """Test loss, and BLEU/chrF/gen_len with beam search (`predict_*`, run_translation.py's names) and, for
+        comparison, greedy decoding (`predict_*_greedy`), on the main process."""
         results = {}
         if self.is_main and self.test_sources:
             model = self.accelerator.unwrap_model(self.model).eval()
+            results["predict_loss"] = round(evaluation_loss(model, self._eval_batches("test"), self.accelerator.device), 4)
             for beams in sorted({1, self.args.num_beams}):
+                started = time.time()
+                name = "greedy" if beams == 1 else f"beam {beams}"
                 scores, predictions = evaluate_translations(
                     model, self.tokenizer, self.test_sources, self.test_references, num_beams=beams,
-                    batch_size=self.args.per_device_eval_batch_size, max_new_tokens=self.args.eval_max_new_tokens,
+                    description=f"test, {name}", **self._decoding_options(),
                 )
-                name = "greedy" if beams == 1 else f"beam{beams}"
-                results[f"test_bleu_{name}"], results[f"test_chrf_{name}"] = scores["bleu"], scores["chrf"]
+                suffix = "_greedy" if beams != self.args.num_beams else ""
+                results.update({f"predict_bleu{suffix}": scores["bleu"], f"predict_chrf{suffix}": scores["chrf"],
+                                f"predict_gen_len{suffix}": scores["gen_len"],
+                                f"predict_runtime{suffix}": round(time.time() - started, 2)})
                 if beams == self.args.num_beams:
                     self.test_predictions = predictions
+            results["predict_samples"] = len(self.test_sources)
+            results["predict_samples_per_second"] = round(len(self.test_sources) / max(results["predict_runtime"], 1e-9), 3)
             logger.info(json.dumps(results))
         self.accelerator.wait_for_everyone()
         return results
@@ -567,7 +697,7 @@ class Run:
         """Weights from safetensors; optimiser and RNG states through Accelerate's `torch.load(weights_only=True)`."""
         try:
             self.accelerator.load_state(str(checkpoint))
-            saved = json.loads((checkpoint / TRAINER_STATE).read_text())
+            saved = json.loads(run_state_file(checkpoint).read_text())
             self.state = RunState(**saved)
             self.scheduler.load_state_dict(self.state.scheduler)
         except Exception as error:  # noqa: BLE001  (safetensors, torch and json each raise their own)
@@ -596,7 +726,34 @@ class Run:
         model.load_state_dict({name: value / len(checkpoints) for name, value in total.items()}, strict=False)
         self.averaged_checkpoints = [path.name for path in checkpoints]
 
-    def save_model(self, results: dict) -> None:
+    def _result_files(self, results: dict, phases: dict) -> dict:
+        """run_translation.py's result files: {train,eval,predict}_results.json, all_results.json (`results`) and
+        generated_predictions.txt (one line per test source, in order)."""
+        files = {f"{phase}_results.json": json.dumps(values, indent=2) for phase, values in phases.items() if values}
+        files["all_results.json"] = json.dumps(results, indent=2)
+        if getattr(self, "test_predictions", None) is not None:
+            files["generated_predictions.txt"] = "".join(line + "\n" for line in self.test_predictions)
+        return files
+
+    def save_results(self, results: dict, phases: dict) -> None:
+        """Without training: write the result files into output_dir (all_results.json merged into an existing one,
+        as transformers' Trainer.save_metrics does)."""
+        if not self.is_main:
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        previous = self.output_dir / "all_results.json"
+        try:
+            merged = {**json.loads(previous.read_text()), **results} if previous.is_file() else results
+        except ValueError:
+            merged = results
+        try:
+            for name, text in self._result_files(merged, phases).items():
+                (self.output_dir / name).write_text(text, encoding="utf-8")
+        except OSError as error:
+            raise TrainingFault(f"could not write the results into {self.output_dir} ({type(error).__name__}: "
+                                f"{error})") from error
+
+    def save_model(self, results: dict, phases: dict | None = None) -> None:
         """Write the Hub-format directory: staged in a temporary folder, then moved in file by file, so a failed
         save leaves the previous model as it was."""
         if not self.is_main:
@@ -608,7 +765,8 @@ class Run:
         try:
             model.save_pretrained(staging)
             self.tokenizer.save_pretrained(staging)
-            (staging / "all_results.json").write_text(json.dumps(results, indent=2))
+            for name, text in self._result_files(results, phases or {}).items():
+                (staging / name).write_text(text, encoding="utf-8")
             (staging / "training_history.json").write_text(json.dumps(self.state.history, indent=1))
             self._write_training_curves(staging / "training_curves.png")
             if self.model_card_template is not None:
@@ -642,9 +800,9 @@ class Run:
         dataset_name = data_args.dataset_name or ("bible-en-es-web-rv1909" if shipped else "local files")
         description = ("the verse-aligned English–Spanish Bible shipped with hf-scratch-transformer (World English "
                        "Bible ↔ Reina-Valera 1909, public domain)" if shipped else f"`{dataset_name}`")
-        decodings = {"greedy": "greedy", f"beam{args.num_beams}": f"beam {args.num_beams}"}
-        rows = {label: {"bleu": results[f"test_bleu_{key}"], "chrf": results[f"test_chrf_{key}"]}
-                for key, label in decodings.items() if f"test_bleu_{key}" in results}
+        decodings = {"_greedy": "greedy", "": "greedy" if args.num_beams == 1 else f"beam {args.num_beams}"}
+        rows = {label: {"bleu": results[f"predict_bleu{suffix}"], "chrf": results[f"predict_chrf{suffix}"]}
+                for suffix, label in decodings.items() if f"predict_bleu{suffix}" in results}
         samples = [
             {"source": _table_cell(s), "reference": _table_cell(r), "prediction": _table_cell(p)}
             for s, r, p in list(zip(self.test_sources, self.test_references, getattr(self, "test_predictions", [])))[:5]
@@ -662,7 +820,9 @@ class Run:
                             f"implausible-length-ratio pairs dropped of {report['input']}"),
             architecture=(f"{config.encoder_layers}+{config.decoder_layers} layers, d_model {config.d_model}, "
                           f"{config.encoder_attention_heads} heads, FFN {config.encoder_ffn_dim}, "
-                          f"{'pre' if config.normalize_before else 'post'}-norm (preset `{self.model_args.preset}`)"),
+                          f"{'pre' if config.normalize_before else 'post'}-norm "
+                          + (f"(started from `{self.model_args.model_name_or_path}`)" if self.model_args.model_name_or_path
+                             else f"(preset `{self.model_args.preset or 'small'}`)")),
             parameters=f"{self.model.num_parameters() / 1e6:.1f}M", vocab_size=config.vocab_size,
             adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_epsilon=args.adam_epsilon,
             learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
@@ -672,7 +832,7 @@ class Run:
             + f", gradient accumulation {args.gradient_accumulation_steps}",
             steps=self.state.global_step, epochs=round(results.get("epoch", self.state.epoch), 2),
             train_tokens=f"{self.state.train_tokens:,}", hardware=hardware,
-            train_time=f"{results['train_runtime_seconds'] / 60:.1f} minutes",
+            train_time=f"{results['train_runtime'] / 60:.1f} minutes",
             software=(f"hf-scratch-transformer, PyTorch {torch.__version__}, transformers {transformers.__version__}, "
                       f"Python {platform.python_version()}"),
             sample_translations=samples, decoding_for_samples=f"beam {args.num_beams}",
@@ -722,6 +882,42 @@ class Run:
             logger.warning(f"push during training failed, training goes on: {error}")
 
 
+class _DeclaredTiesFilter(logging.Filter):
+    """Accelerate's `save_state` warns "Removed shared tensor {...} while saving. This should be OK, but check..."
+    at every checkpoint for the tied embeddings. Those ties are declared (`_tied_weights_keys`) and restored when the
+    checkpoint is loaded (resumption is tested bit for bit), so the warning is dropped when it names only declared
+    tie targets; any other name keeps it."""
+
+    def __init__(self):
+        super().__init__()
+        self.tied: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "Removed shared tensor" not in message:
+            return True
+        names = set(re.findall(r"'([^']+)'", message.split(" while saving")[0]))
+        return not names or not names <= self.tied
+
+
+_DECLARED_TIES = _DeclaredTiesFilter()
+
+
+def _quiet_libraries(verbose: bool) -> None:
+    """One log line per phase instead of a `datasets` progress bar per map/filter, no transformers bar per save, no
+    warning about the declared weight ties at every checkpoint; --verbose shows them again."""
+    import datasets
+
+    if verbose:
+        datasets.enable_progress_bars()
+        transformers.utils.logging.enable_progress_bar()
+        logging.getLogger("accelerate.utils.other").removeFilter(_DECLARED_TIES)
+    else:
+        datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()  # "Writing model shards" at every save
+        logging.getLogger("accelerate.utils.other").addFilter(_DECLARED_TIES)
+
+
 def _table_cell(text: str, limit: int = 300) -> str:
     """Text safe inside a Markdown table cell."""
     text = " ".join(text.split()).replace("|", "\\|")
@@ -746,30 +942,55 @@ def _cpu_name() -> str:
 
 def run_training(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments,
                  model_card_template: str | Path | None = None) -> dict:
-    """Train, evaluate, save (and push); returns the figures written to all_results.json."""
+    """Train (--do_train), evaluate (--do_eval), predict (--do_predict), save (and push); with no --do_* flag all
+    three. Returns the figures written to all_results.json (run_translation.py's key names)."""
     run = Run(model_args, data_args, args, model_card_template)
     run.setup()
-    run.train()
-    if args.average_checkpoints > 1:
-        run.average_last_checkpoints()
-    validation = run.validate()
-    results = {
-        "train_steps": run.state.global_step,
-        "epoch": round(run.state.epoch + run.state.batches_done_in_epoch / max(run.batches_per_epoch, 1), 3),
-        "train_tokens": run.state.train_tokens,
-        "train_tokens_per_second": round(run.state.train_tokens / max(run.state.train_seconds, 1e-9), 1),
-        "train_pairs": len(run.datasets["train"]),
-        "train_padding_fraction": round(padding_fraction(list(run.sampler), *sequence_lengths(run.datasets["train"])), 4),
-        "filtered": run.filter_report,
-        **{key: value for key, value in validation.items() if key != "step"},
-    }
-    results.update(run.test())
-    results["train_runtime_seconds"] = round(time.time() - run.started, 1)
-    if getattr(run, "averaged_checkpoints", None):
-        results["averaged_checkpoints"] = run.averaged_checkpoints
-    run.save_model(results)
-    run.accelerator.end_training()
-    if args.push_to_hub and run.is_main:
+    phases = {}
+    if args.do_train:
+        started = time.time()
+        run.train()
+        if args.average_checkpoints > 1:
+            run.average_last_checkpoints()
+        runtime = time.time() - started
+        steps = run.state.global_step
+        losses = [(row["step"], row["train_loss"]) for row in run.state.history if "train_loss" in row]
+        weighted = sum((step - previous) * loss for (previous, _), (step, loss) in zip([(0, 0)] + losses, losses))
+        phases["train"] = {
+            "train_runtime": round(runtime, 2),
+            "train_samples": len(run.datasets["train"]),
+            "train_steps_per_second": round(steps / max(runtime, 1e-9), 3),
+            "train_loss": round(weighted / losses[-1][0], 4) if losses else None,
+            "epoch": round(run.state.epoch + run.state.batches_done_in_epoch / max(run.batches_per_epoch, 1), 3),
+            "train_steps": steps,
+            "train_tokens": run.state.train_tokens,
+            "train_tokens_per_second": round(run.state.train_tokens / max(run.state.train_seconds, 1e-9), 1),
+            "train_padding_fraction": round(
+                padding_fraction(list(run.sampler), *sequence_lengths(run.datasets["train"])), 4),
+            "filtered": run.filter_report,
+        }
+        if getattr(run, "averaged_checkpoints", None):
+            phases["train"]["averaged_checkpoints"] = run.averaged_checkpoints
+    if args.do_eval:
+        started = time.time()
+        validation = run.validate()
+        if validation:
+            runtime = time.time() - started
+            phases["eval"] = {**{key: value for key, value in validation.items() if key != "step"},
+                              "eval_samples": len(run.eval_sources), "eval_runtime": round(runtime, 2),
+                              "eval_samples_per_second": round(len(run.eval_sources) / max(runtime, 1e-9), 3)}
+            if args.do_train:
+                phases["eval"]["epoch"] = phases["train"]["epoch"]
+    if args.do_predict:
+        phases["predict"] = run.test()
+    results = {key: value for phase in phases.values() for key, value in phase.items()}
+    results["total_runtime"] = round(time.time() - run.started, 1)
+    if args.do_train:
+        run.save_model(results, phases)
+        run.accelerator.end_training()
+    else:
+        run.save_results(results, phases)
+    if args.do_train and args.push_to_hub and run.is_main:
         results["hub_commit"] = run.push_to_hub(run.output_dir, None, "Training finished")
     return results
 

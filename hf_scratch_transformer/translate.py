@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -48,17 +49,26 @@ def pick_device(requested: str | None = None) -> torch.device:
 
 
 def _looks_like_local_path(name: str) -> bool:
-    """Anything but "owner/name" is taken for a local path (and not looked up on the hub)."""
+    """True for a name meant as a local path, which is then never looked up on the hub (offline, that lookup takes
+    most of a minute to fail): it starts with ".", "~" or a separator, holds a backslash or more than one "/",
+    ends in a file suffix such as .safetensors, or its first component is a local directory (`outputs/nothere` where
+    ./outputs exists), or it has no "/" at all. Only a remaining "owner/name" is tried as a hub id."""
+    first = name.split("/", 1)[0]
     return (
         name.startswith((".", "~", os.sep, "/"))
         or (os.altsep is not None and os.altsep in name)
+        or "\\" in name
         or name.count("/") != 1
         or Path(name).suffix in (".safetensors", ".bin", ".json")
+        or (bool(first) and Path(first).expanduser().is_dir())
     )
 
 
-def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.device | str | None = None):
+def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.device | str | None = None,
+                             config_overrides: dict | None = None):
     """(model in eval mode on `device`, tokenizer) from a saved directory or a hub id.
+
+    `config_overrides` (e.g. `{"dropout": 0.2}`) replace fields of the saved config before the model is built.
 
     Raises `ModelLoadError` with a one-line message for a missing directory, a directory without (safetensors)
     weights, truncated or corrupted weights, a config of a model type that does not translate, a tokenizer with more
@@ -93,12 +103,13 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
     elif path.exists():
         raise ModelLoadError(f"--model must be a directory saved with save_pretrained, got the file {name}")
     elif _looks_like_local_path(name):
-        raise ModelLoadError(f"model directory not found: {name}")
+        raise ModelLoadError(f"model directory not found: {name} (a local path, so the hub was not asked)")
     else:
         source = name  # perhaps a hub id
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-        model = AutoModelForSeq2SeqLM.from_pretrained(source, use_safetensors=True, trust_remote_code=False)
+        model = AutoModelForSeq2SeqLM.from_pretrained(source, use_safetensors=True, trust_remote_code=False,
+                                                      **(config_overrides or {}))
     except Exception as error:  # noqa: BLE001  (hub, network and format errors all end up here)
         reason = " ".join(str(error).split())[:300]
         if source is name and not path.exists():
@@ -178,6 +189,32 @@ def _generation_kwargs(model, num_beams: int | None, max_new_tokens: int | None)
     return kwargs
 
 
+def length_bound(source_length: int, max_len_a: float, max_len_b: float) -> int | None:
+    """fairseq's bound on a translation's length, in generated tokens (`</s>` included): `a * source tokens + b`
+    (`</s>` of the source included), rounded up; None when both are 0 (no bound)."""
+    if max_len_a < 0 or max_len_b < 0:
+        raise ValueError(f"max_len_a and max_len_b must be >= 0, got {max_len_a} and {max_len_b}")
+    if max_len_a == 0 and max_len_b == 0:
+        return None
+    return max(1, math.ceil(max_len_a * source_length + max_len_b))
+
+
+def _new_tokens_cap(model, generation_kwargs: dict) -> int:
+    """The longest translation the call allows without a source-relative bound, in new tokens, and never more
+    than the decoder has positions for."""
+    config = model.generation_config
+    if generation_kwargs.get("max_new_tokens") is not None:
+        cap = generation_kwargs["max_new_tokens"]
+    elif getattr(config, "max_new_tokens", None) is not None:
+        cap = config.max_new_tokens
+    elif getattr(config, "max_length", None) is not None:  # counts the decoder start token of an encoder-decoder
+        cap = max(1, config.max_length - 1)
+    else:
+        cap = 256
+    positions = getattr(model.config, "max_position_embeddings", None)
+    return min(cap, positions - 1) if isinstance(positions, int) and positions > 1 else cap
+
+
 def strip_generated(ids: list[int], model) -> list[int]:
     """Generated ids without the decoder start token, cut after the first end-of-sequence token, no padding."""
     start = model.generation_config.decoder_start_token_id
@@ -209,8 +246,18 @@ def generate_ids(
     max_new_tokens: int | None = None,
     device: torch.device | str | None = None,
     progress: bool = False,
+    max_len_a: float = 0.0,
+    max_len_b: float = 0.0,
+    description: str = "translating",
 ) -> list[list[int] | None]:
-    """Generated token ids per text (see `strip_generated`), None for an empty text; in input order."""
+    """Generated token ids per text (see `strip_generated`), None for an empty text; in input order.
+
+    With `max_len_a`/`max_len_b` (fairseq's names) a translation gets at most `ceil(a * source tokens + b)` new
+    tokens, never more than `max_new_tokens` (or the generation_config's limit). The bound is set per batch from the
+    batch's longest source; batches hold texts of similar length (sorted), so each text gets about its own bound.
+    A model that rarely emits `</s>` (barely trained, or diverged) then stops near the source's length instead of
+    running to the global limit.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -231,21 +278,25 @@ def generate_ids(
     # Longest first: similar lengths share a batch, and an out-of-memory batch shows up at once.
     order = sorted(todo, key=lambda i: -lengths[i])
     generation_kwargs = _generation_kwargs(model, num_beams, max_new_tokens)
+    length_bound(1, max_len_a, max_len_b)  # refuses negative values before any work
+    cap = _new_tokens_cap(model, generation_kwargs)
 
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(order), unit="sent", desc="translating", dynamic_ncols=True)
+        bar = tqdm(total=len(order), unit="sent", desc=description, dynamic_ncols=True)
     try:
         for begin in range(0, len(order), batch_size):
             indices = order[begin : begin + batch_size]
             batch = tokenizer(
                 [texts[i] for i in indices], truncation=True, max_length=max_length, padding=True, return_tensors="pt"
             ).to(device)
-            output = model.generate(
-                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **generation_kwargs
-            )
+            kwargs = generation_kwargs
+            bound = length_bound(max(lengths[i] for i in indices), max_len_a, max_len_b)
+            if bound is not None:
+                kwargs = {**generation_kwargs, "max_new_tokens": min(bound, cap), "max_length": None}
+            output = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **kwargs)
             for index, ids in zip(indices, output.tolist()):
                 results[index] = strip_generated(ids, model)
             if bar is not None:
@@ -274,12 +325,17 @@ def translate_texts(
     max_new_tokens: int | None = None,
     device: torch.device | str | None = None,
     progress: bool = False,
+    max_len_a: float = 0.0,
+    max_len_b: float = 0.0,
+    description: str = "translating",
 ) -> list[str]:
     """Translate `texts`, one output string per input, in input order; empty texts give empty strings.
 
-    `num_beams` / `max_new_tokens` default to the model's generation_config; `progress` shows a tqdm bar.
+    `num_beams` / `max_new_tokens` default to the model's generation_config; `progress` shows a tqdm bar;
+    `max_len_a`/`max_len_b` bound each translation to `a * source tokens + b` new tokens (see `generate_ids`).
     """
-    ids = generate_ids(model, tokenizer, texts, batch_size, num_beams, max_new_tokens, device, progress)
+    ids = generate_ids(model, tokenizer, texts, batch_size, num_beams, max_new_tokens, device, progress,
+                       max_len_a=max_len_a, max_len_b=max_len_b, description=description)
     return [decode_ids(tokenizer, token_ids) for token_ids in ids]
 
 
@@ -287,6 +343,7 @@ __all__ = [
     "ModelLoadError",
     "decode_ids",
     "generate_ids",
+    "length_bound",
     "load_model_and_tokenizer",
     "pick_device",
     "strip_generated",

@@ -394,7 +394,7 @@ def test_sigint_mid_training_saves_a_checkpoint_with_exit_130(tmp_path, capsys, 
     message = fails_with(tiny_run_flags(tmp_path, max_steps=50, save_steps=0, eval_steps=0), capsys, code=130)
     assert message == (f"interrupted: SIGINT received: checkpoint saved at step 3 in {tmp_path / 'checkpoint-3'}; "
                        "continue with --resume_from_checkpoint latest")
-    assert json.loads((tmp_path / "checkpoint-3" / "trainer_state.json").read_text())["global_step"] == 3
+    assert json.loads((tmp_path / "checkpoint-3" / "run_state.json").read_text())["global_step"] == 3
     assert signal.getsignal(signal.SIGINT) == handler_before  # handlers are given back
 
 

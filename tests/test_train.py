@@ -30,7 +30,8 @@ def test_the_output_directory_is_in_hub_format(finished_run):
     names = {path.name for path in output_dir.iterdir()}
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
             "README.md", "all_results.json", "training_curves.png", "modeling_scratch_transformer.py",
-            "configuration_scratch_transformer.py", "pipeline_translation.py"} <= names
+            "configuration_scratch_transformer.py", "pipeline_translation.py", "train_results.json",
+            "eval_results.json", "predict_results.json", "generated_predictions.txt"} <= names
     assert not any(name.startswith((".staging", ".tokenizer")) or name.endswith(".tmp") for name in names)
     assert sorted(name for name in names if name.startswith("checkpoint-")) == ["checkpoint-20", "checkpoint-40"]
     assert json.loads((output_dir / "all_results.json").read_text()) == results
@@ -62,8 +63,8 @@ def test_the_model_card_holds_the_measured_figures(finished_run):
     output_dir, results = finished_run
     card = (output_dir / "README.md").read_text()
     assert card.startswith("---\n") and "pipeline_tag: translation" in card
-    assert f"| greedy | {results['test_bleu_greedy']} | {results['test_chrf_greedy']} |" in card
-    assert f"| beam 2 | {results['test_bleu_beam2']} | {results['test_chrf_beam2']} |" in card
+    assert f"| greedy | {results['predict_bleu_greedy']} | {results['predict_chrf_greedy']} |" in card
+    assert f"| beam 2 | {results['predict_bleu']} | {results['predict_chrf']} |" in card
     assert "{{" not in card and "40 optimiser steps" in card
 
 
@@ -77,7 +78,7 @@ def test_stop_and_resume_ends_with_the_same_weights(tmp_path):
     assert straight.keys() == resumed.keys()
     for name in straight:
         assert torch.equal(straight[name], resumed[name]), name
-    state = json.loads((tmp_path / "resumed" / "checkpoint-12" / "trainer_state.json").read_text())
+    state = json.loads((tmp_path / "resumed" / "checkpoint-12" / "run_state.json").read_text())
     assert state["global_step"] == 12 and state["epoch"] >= 1  # the run crossed an epoch boundary
 
 
