@@ -6,8 +6,7 @@
 
 transformers' `ct2-transformers-converter` cannot read this model (packed projections, its own start token and
 vocabulary), so the CTranslate2 `TransformerSpec` is built here from the loaded model: every weight is read from
-the module that uses it, so whatever layout a linear layer stores (`nn.Linear`'s (out, in) or `Conv1D`'s
-(in, out)) the spec gets (out, in). The output directory holds the CTranslate2 model (`model.bin`, `config.json`,
+the module that uses it (linear layers store (out, in), as CTranslate2 wants them). The output directory holds the CTranslate2 model (`model.bin`, `config.json`,
 `shared_vocabulary.json` with the tokens in id order), the tokenizer files, the model's `generation_config.json`
 and `hf_scratch_transformer_ct2.json` (what was exported, from where).
 
@@ -52,14 +51,6 @@ def require_ctranslate2():
             f"CTranslate2 is not installed ({error}): install it with `{INSTALL_HINT}`"
         ) from None
     return ctranslate2
-
-
-def linear_weight(module):
-    """The (out, in) weight matrix of a linear layer, whether it stores (out, in) (`nn.Linear`) or (in, out)
-    (transformers' `Conv1D`, which this package's `Projection` subclasses)."""
-    from transformers.pytorch_utils import Conv1D
-
-    return module.weight.T if isinstance(module, Conv1D) else module.weight
 
 
 def unexpressible_settings(config) -> list[str]:
@@ -148,12 +139,7 @@ def build_spec(model, tokens: list[str]):
         return arrays[id(parameter)]
 
     def linear(target, module):
-        weight = linear_weight(module)
-        used.add(id(module.weight))
-        key = ("T", id(module.weight)) if weight is not module.weight else id(module.weight)
-        if key not in arrays:
-            arrays[key] = _numpy(weight)
-        target.weight = arrays[key]
+        target.weight = array(module.weight)
         if getattr(module, "bias", None) is not None:
             target.bias = array(module.bias)
 

@@ -20,7 +20,6 @@ from hf_scratch_transformer.export_ct2 import (
     CT2Translator,
     build_spec,
     export_ct2,
-    linear_weight,
     main as export_main,
     unexpressible_settings,
 )
@@ -143,27 +142,6 @@ def test_expressible_configs_score_like_the_model(tiny_config, tmp_path, overrid
     assert_ct2_scores_like(ScratchTransformerForConditionalGeneration(config).eval(), tmp_path)
 
 
-def test_export_reads_nn_linear_layers_too(tiny_config, tmp_path):
-    """The model file is moving from Conv1D-style projections ((in, out) weights) to nn.Linear ((out, in)): the
-    exporter reads either. Here every projection is swapped for an equivalent nn.Linear."""
-    from transformers.pytorch_utils import Conv1D
-
-    torch.manual_seed(0)
-    model = ScratchTransformerForConditionalGeneration(tiny_config).eval()
-    swapped = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, Conv1D):
-                linear = torch.nn.Linear(child.weight.shape[0], child.weight.shape[1])
-                with torch.no_grad():
-                    linear.weight.copy_(child.weight.T)
-                    linear.bias.copy_(child.bias)
-                setattr(module, name, linear)
-                swapped += 1
-    assert swapped == 2 * 4 + 2 * 7  # encoder layers: qkv, out, fc1, fc2; decoder: + q, kv, out of cross-attention
-    assert_ct2_scores_like(model, tmp_path)
-
-
 def assert_ct2_scores_like(model, tmp_path):
     """Export `model` with a placeholder vocabulary; CTranslate2's teacher-forced log-probabilities of random
     sentence pairs must equal the model's."""
@@ -187,17 +165,6 @@ def assert_ct2_scores_like(model, tmp_path):
     assert [result.tokens for result in scored] == [[tokens[i] for i in row] for row in labels.tolist()]
     # float rounding stays near 1e-6; tanh-GELU in place of erf-GELU, for one, is off by 1.4e-4
     torch.testing.assert_close(theirs, mine, atol=2e-5, rtol=0)
-
-
-def test_linear_weight_reads_both_layouts():
-    from transformers.pytorch_utils import Conv1D
-
-    linear, conv = torch.nn.Linear(3, 5), Conv1D(5, 3)  # both map 3 -> 5
-    x = torch.randn(2, 3)
-    for module in (linear, conv):
-        weight = linear_weight(module)
-        assert weight.shape == (5, 3)
-        torch.testing.assert_close(x @ weight.T + module.bias, module(x))
 
 
 def test_refuses_what_ctranslate2_cannot_express(tiny_config):
