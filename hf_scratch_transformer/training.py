@@ -23,6 +23,7 @@ import torch
 import transformers
 from accelerate import Accelerator
 from accelerate.utils import set_seed
+from datasets import Dataset, IterableDataset
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, GenerationConfig, HfArgumentParser, get_inverse_sqrt_schedule
 
@@ -45,6 +46,9 @@ from .tokenization import train_tokenizer_on_corpus
 logger = logging.getLogger("hf_scratch_transformer")
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
+CHECKPOINT_COMPLETE = "checkpoint_complete.json"  # written last: names every file of the checkpoint and its size
+STREAM_SHUFFLE_BUFFER = 10_000  # examples in the shuffle buffer of a --streaming training split
+BATCH_TRACE_VARIABLE = "HF_SCRATCH_BATCH_TRACE"  # a directory: each process appends the batches it trained on
 
 
 class UsageError(Exception):
@@ -193,6 +197,8 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: 
             raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.learning_rate <= 0:
         raise UsageError(f"--learning_rate must be positive, got {args.learning_rate}")
+    if data_args.streaming and args.max_steps <= 0:
+        raise UsageError("--streaming reads a corpus of unknown length, so epochs cannot be counted: give --max_steps N")
     longest = max(data_args.max_source_length, data_args.max_target_length)
     if data_args.max_tokens and data_args.max_tokens < longest:
         raise UsageError(
@@ -217,7 +223,48 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: 
         )
 
 
+# ------------------------------------------------------------------------------------------------------- launching
+
+WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def launched_world_size() -> int:
+    """How many processes the launcher started; refuses launches that would not give them (or FSDP on CPU).
+
+    accelerate 1.15 starts several processes through torchrun (`--multi_gpu`, or `distributed_type: MULTI_GPU`),
+    which also works without GPUs (gloo). `--cpu --num_processes N` and `distributed_type: MULTI_CPU` go to its
+    "simple" launcher instead, which starts ONE process and expects mpirun to start the others.
+    """
+    world_size = next((int(os.environ[name]) for name in WORLD_SIZE_VARIABLES if os.environ.get(name)), 1)
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
+        raise UsageError(
+            "FSDP is not supported by train.py: validation, test decoding and saving run on the main process and "
+            "need the whole model, which FSDP shards; use DDP instead (configs/accelerate/multi_gpu.yaml on GPUs, "
+            "configs/accelerate/cpu_2proc.yaml on CPUs)")
+    cpu_launch = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+    if world_size == 1 and cpu_launch and os.environ.get("MASTER_PORT") and "LOCAL_RANK" not in os.environ:
+        raise UsageError(
+            "`accelerate launch --cpu --num_processes N` (and distributed_type: MULTI_CPU) starts only one process "
+            "in accelerate 1.15 unless mpirun starts the others: use `accelerate launch --multi_gpu --num_processes "
+            "N --num_machines 1 train.py ...` (gloo on CPUs) or --config_file configs/accelerate/cpu_2proc.yaml")
+    return world_size
+
+
 # ------------------------------------------------------------------------------------------------------ checkpoints
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why `path` is not a complete checkpoint, or None: the completion marker, written last, must be there and
+    every file it lists must exist with the size it records."""
+    try:
+        listed = json.loads((path / CHECKPOINT_COMPLETE).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"no {CHECKPOINT_COMPLETE} (written last, when every file is in place)"
+    for name, size in listed.items():
+        file = path / name
+        if not file.is_file() or file.stat().st_size != size:
+            return f"{name} is missing or has another size than when it was written"
+    return None
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:
@@ -225,7 +272,7 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
     if not output_dir.is_dir():
         return []
     found = [(int(m.group(1)), path) for path in output_dir.iterdir()
-             if path.is_dir() and (m := CHECKPOINT_PATTERN.match(path.name)) and (path / TRAINER_STATE).is_file()]
+             if path.is_dir() and (m := CHECKPOINT_PATTERN.match(path.name)) and checkpoint_problem(path) is None]
     return [path for _, path in sorted(found)]
 
 
@@ -236,8 +283,10 @@ def resolve_checkpoint(value: str, output_dir: Path) -> Path:
             raise UsageError(f"--resume_from_checkpoint latest: no complete checkpoint in {output_dir}")
         return checkpoints[-1]
     path = Path(value)
-    if not (path / TRAINER_STATE).is_file():
-        raise UsageError(f"--resume_from_checkpoint {path}: not a complete checkpoint (no {TRAINER_STATE})")
+    problem = checkpoint_problem(path) if path.is_dir() else "not a directory"
+    if problem:
+        raise UsageError(f"--resume_from_checkpoint {path}: not a complete checkpoint ({problem}); resume from "
+                         f"another checkpoint-N or with 'latest'")
     return path
 
 
@@ -272,6 +321,7 @@ class RunState:
     train_seconds: float = 0.0
     history: list = field(default_factory=list)
     scheduler: dict = field(default_factory=dict)
+    world_size: int = 1  # processes that trained: batches_done_in_epoch counts the batches of each of them
 
 
 # ------------------------------------------------------------------------------------------------------- the run
@@ -296,12 +346,20 @@ class Run:
         args, data_args = self.args, self.data_args
         check_arguments(self.model_args, data_args, args)
         trackers = [name.strip() for name in args.report_to.split(",") if name.strip() not in ("", "none")]
+        world_size = launched_world_size()
         self.accelerator = Accelerator(
             gradient_accumulation_steps=args.gradient_accumulation_steps,
             mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
             log_with=trackers or None,
             project_dir=str(self.output_dir),
+            # torchrun-style launch on a machine without GPUs: one CPU process per rank over gloo (MULTI_CPU).
+            cpu=world_size > 1 and not torch.cuda.is_available(),
         )
+        if self.accelerator.num_processes != world_size:
+            raise UsageError(
+                f"{world_size} processes were launched but Accelerate joined {self.accelerator.num_processes} of "
+                f"them: they would race in one --output_dir; launch with `accelerate launch --multi_gpu "
+                f"--num_processes {world_size} --num_machines 1` (see README, Several processes)")
         self.is_main = self.accelerator.is_main_process
         if self.accelerator.device.type == "cpu":
             # `accelerate launch` without --cpu sets OMP_NUM_THREADS=1, which would leave all but one core idle.
@@ -322,7 +380,12 @@ class Run:
         self.tokenizer = self._tokenizer(raw)
         with self.accelerator.main_process_first():
             self.datasets, self.filter_report = preprocess_corpus(raw, self.tokenizer, data_args)
-        if len(self.datasets["train"]) == 0:
+        if data_args.streaming:
+            # Validation and test are read once and kept in memory (bounded by --max_eval/predict_samples);
+            # only the training split streams.
+            self.datasets = {name: split if name == "train" else Dataset.from_list(list(split))
+                             for name, split in self.datasets.items()}
+        if not _has_examples(self.datasets["train"]):
             raise UsageError(f"every training pair was filtered out ({self.filter_report['train']}): check the "
                              f"language keys and --max_source_length/--max_target_length/--max_length_ratio")
         for split, report in self.filter_report.items():
@@ -347,13 +410,20 @@ class Run:
         self.train_model = torch.compile(self.model) if args.torch_compile else self.model
         self.train_model, self.optimizer = self.accelerator.prepare(self.train_model, optimizer)
         self.collator = make_collator(self.tokenizer)
-        self.sampler = make_batch_sampler(
-            self.datasets["train"], data_args, args.per_device_train_batch_size, shuffle=True, seed=args.seed,
-            num_replicas=self.accelerator.num_processes, rank=self.accelerator.process_index,
-        )
-        self.batches_per_epoch = len(self.sampler)
-        steps_per_epoch = math.ceil(self.batches_per_epoch / args.gradient_accumulation_steps)
-        self.total_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
+        if data_args.streaming:  # length unknown: check_arguments asked for --max_steps
+            self.sampler, self.batches_per_epoch, self.total_steps = None, 0, args.max_steps
+        else:
+            self.sampler = make_batch_sampler(
+                self.datasets["train"], data_args, args.per_device_train_batch_size, shuffle=True, seed=args.seed,
+                num_replicas=self.accelerator.num_processes, rank=self.accelerator.process_index,
+            )
+            self.batches_per_epoch = len(self.sampler)
+            steps_per_epoch = math.ceil(self.batches_per_epoch / args.gradient_accumulation_steps)
+            self.total_steps = (args.max_steps if args.max_steps > 0
+                                else math.ceil(args.num_train_epochs * steps_per_epoch))
+        trace = os.environ.get(BATCH_TRACE_VARIABLE)
+        self.trace = (open(Path(trace) / f"rank-{self.accelerator.process_index}.jsonl", "a", encoding="utf-8")
+                      if trace else None)
         if self.checkpoint is not None:
             self._load_checkpoint(self.checkpoint)
         if trackers:
@@ -400,6 +470,9 @@ class Run:
                 self._progress.close()
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
+            if self.trace is not None:
+                self.trace.close()
+                self.trace = None
 
     def _train_loop(self, accelerator: Accelerator, device: torch.device) -> None:
         args, state = self.args, self.state
@@ -407,12 +480,9 @@ class Run:
         window_loss, window_batches, window_tokens, window_start = 0.0, 0, 0, time.time()
         self.train_model.train()
         while state.global_step < self.total_steps:
-            self.sampler.set_epoch(state.epoch)
-            batches = list(self.sampler)[state.batches_done_in_epoch :]
-            # A private generator: creating the loader must not draw from the global RNG (exact resumption).
-            loader = DataLoader(self.datasets["train"], batch_sampler=batches, collate_fn=self.collator,
-                                num_workers=args.dataloader_num_workers, generator=torch.Generator())
-            for batch in loader:
+            trained_in_pass = 0
+            for indices, batch in self._epoch_batches(state.epoch, state.batches_done_in_epoch):
+                trained_in_pass += 1
                 batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
                 with accelerator.accumulate(self.train_model):
                     loss = self._loss(batch)
@@ -425,6 +495,11 @@ class Run:
                     self.optimizer.zero_grad(set_to_none=True)
                 state.batches_done_in_epoch += 1
                 tokens = int(batch["attention_mask"].sum()) + int((batch["labels"] != -100).sum())
+                if self.trace is not None:
+                    self.trace.write(json.dumps({"rank": accelerator.process_index, "world_size": accelerator.num_processes,
+                                                 "epoch": state.epoch, "step": state.global_step + 1,
+                                                 "indices": indices, "tokens": tokens}) + "\n")
+                    self.trace.flush()
                 window_loss, window_batches, window_tokens = window_loss + loss.item(), window_batches + 1, window_tokens + tokens
                 if not accelerator.sync_gradients:
                     continue
@@ -436,8 +511,7 @@ class Run:
                     total_tokens = int(accelerator.reduce(torch.tensor(window_tokens, device=device), "sum"))
                     state.train_tokens += total_tokens
                     state.train_seconds += seconds
-                    row = {"step": state.global_step, "epoch": round(state.epoch + state.batches_done_in_epoch
-                                                                     / max(self.batches_per_epoch, 1), 3),
+                    row = {"step": state.global_step, "epoch": self._epoch_fraction(),
                            "train_loss": round(window_loss / window_batches, 4),
                            "learning_rate": self.scheduler.get_last_lr()[0],
                            "tokens_per_second": round(total_tokens / max(seconds, 1e-9), 1)}
@@ -455,11 +529,73 @@ class Run:
                 if state.global_step >= self.total_steps:
                     break
             else:
+                if trained_in_pass == 0 and state.batches_done_in_epoch == 0:
+                    raise UsageError(f"the training split gives no batch for each of the {accelerator.num_processes} "
+                                     f"process(es): give more training pairs or use fewer processes")
                 state.epoch += 1
                 state.batches_done_in_epoch = 0
         progress.close()
         if self.last_checkpoint is None or self.last_checkpoint.name != f"checkpoint-{state.global_step}":
             self.save_checkpoint()
+
+    def _epoch_fraction(self) -> float:
+        """Epochs done; with --streaming the length of an epoch is unknown, so only whole epochs count."""
+        fraction = self.state.batches_done_in_epoch / self.batches_per_epoch if self.batches_per_epoch else 0.0
+        return round(self.state.epoch + fraction, 3)
+
+    def _epoch_batches(self, epoch: int, done: int):
+        """(example indices, collated batch) of this process for the rest of epoch `epoch`, after the `done`
+        batches it already trained on; indices are positions in the (shuffled) stream with --streaming."""
+        if self.data_args.streaming:
+            yield from self._stream_batches(epoch, done)
+            return
+        self.sampler.set_epoch(epoch)
+        batches = list(self.sampler)[done:]
+        # A private generator: creating the loader must not draw from the global RNG (exact resumption).
+        loader = DataLoader(self.datasets["train"], batch_sampler=batches, collate_fn=self.collator,
+                            num_workers=self.args.dataloader_num_workers, generator=torch.Generator())
+        yield from zip(batches, loader)
+
+    def _stream_batches(self, epoch: int, done: int):
+        """Batches read from the streamed training split: every process reads the same seeded, shuffled stream and
+        forms the same batches (a token budget or a sentence count, in stream order); batch k goes to process
+        k % world_size. Only whole rounds (one batch per process) are trained, so every process takes the same
+        number of steps. Resuming re-reads the stream and skips the rounds already trained (`done` of them)."""
+        dataset = self.datasets["train"].shuffle(seed=self.args.seed, buffer_size=STREAM_SHUFFLE_BUFFER)
+        dataset.set_epoch(epoch)
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        budget = self.data_args.max_tokens
+        round_, batch, positions, longest = [], [], [], 0
+        rounds = 0
+
+        def close_batch():
+            nonlocal batch, positions, longest, rounds
+            round_.append((positions, batch))
+            batch, positions, longest = [], [], 0
+            if len(round_) == world:
+                rounds += 1
+                mine = round_[rank]
+                round_.clear()
+                if rounds > done:
+                    return mine
+            return None
+
+        for position, example in enumerate(dataset):
+            features = {key: example[key] for key in ("input_ids", "attention_mask", "labels")}
+            length = max(len(features["input_ids"]), len(features["labels"]))
+            full = ((len(batch) + 1) * max(longest, length) > budget) if budget else \
+                len(batch) >= self.args.per_device_train_batch_size
+            if batch and full:
+                mine = close_batch()
+                if mine is not None:
+                    yield mine[0], self.collator(mine[1])
+            batch.append(features)
+            positions.append(position)
+            longest = max(longest, length)
+        if batch:
+            mine = close_batch()
+            if mine is not None:
+                yield mine[0], self.collator(mine[1])
 
     def _loss(self, batch: dict) -> torch.Tensor:
         """Label-smoothed cross-entropy over the non-padding target tokens, teacher-forced."""
@@ -546,11 +682,16 @@ class Run:
             shutil.rmtree(staging)
         self.accelerator.wait_for_everyone()
         self.accelerator.save_state(str(staging), safe_serialization=True)
+        self.accelerator.wait_for_everyone()  # every process's random states are written before the marker
         if self.is_main:
             self.state.scheduler = self.scheduler.state_dict()
+            self.state.world_size = self.accelerator.num_processes
             self.accelerator.unwrap_model(self.model).config.to_json_file(staging / "config.json")
             self.tokenizer.save_pretrained(staging)
             (staging / TRAINER_STATE).write_text(json.dumps(asdict(self.state), indent=1))
+            files = {str(path.relative_to(staging)): path.stat().st_size
+                     for path in sorted(staging.rglob("*")) if path.is_file()}
+            (staging / CHECKPOINT_COMPLETE).write_text(json.dumps({"step": step, "files": files}, indent=1))
             if final.exists():
                 shutil.rmtree(final)
             os.replace(staging, final)
@@ -565,10 +706,13 @@ class Run:
     def _load_checkpoint(self, checkpoint: Path) -> None:
         """Weights from safetensors; optimiser and RNG states through Accelerate's `torch.load(weights_only=True)`."""
         try:
-            self.accelerator.load_state(str(checkpoint))
             saved = json.loads((checkpoint / TRAINER_STATE).read_text())
+            self._check_world_size(checkpoint, saved.get("world_size", 1))
+            self.accelerator.load_state(str(checkpoint))
             self.state = RunState(**saved)
             self.scheduler.load_state_dict(self.state.scheduler)
+        except UsageError:
+            raise
         except Exception as error:  # noqa: BLE001  (safetensors, torch and json each raise their own)
             reason = " ".join(str(error).split())[:300]
             raise UsageError(
@@ -577,6 +721,18 @@ class Run:
             ) from error
         self.last_checkpoint = checkpoint
         logger.info(f"resumed from {checkpoint} at step {self.state.global_step}")
+
+    def _check_world_size(self, checkpoint: Path, saved: int) -> None:
+        """The position in the epoch counts batches of each of `saved` processes, and every process has its own
+        random state: another number of processes cannot continue the same batch order, so it is refused."""
+        current = self.accelerator.num_processes
+        if saved != current:
+            how = (f"`accelerate launch --multi_gpu --num_processes {saved} --num_machines 1 train.py ...`"
+                   if saved > 1 else "one process (`python train.py ...`)")
+            raise UsageError(
+                f"checkpoint {checkpoint} was written by {saved} process(es) and this run has {current}: the position "
+                f"in the data and the per-process random states only carry over to the same number; resume with "
+                f"{how} or start a new --output_dir")
 
     def average_last_checkpoints(self) -> None:
         """Replace the weights by the mean of the last K checkpoints' weights (fairseq's average_checkpoints)."""
@@ -656,8 +812,11 @@ class Run:
             self.model_card_template, model_name=self.output_dir.name, source_lang=data_args.source_lang,
             target_lang=data_args.target_lang, dataset_name=dataset_name, results=rows,
             dataset_description=description, test_pairs=len(self.test_sources),
-            train_pairs=len(self.datasets["train"]), validation_pairs=len(self.eval_sources),
-            filter_summary=(f"{report['empty']} empty, {report['too_long']} over-long and {report['bad_ratio']} "
+            train_pairs="streamed" if data_args.streaming else len(self.datasets["train"]),
+            validation_pairs=len(self.eval_sources),
+            filter_summary=("streamed: empty, over-long and implausible-length-ratio pairs dropped as read"
+                            if report["input"] is None else
+                            f"{report['empty']} empty, {report['too_long']} over-long and {report['bad_ratio']} "
                             f"implausible-length-ratio pairs dropped of {report['input']}"),
             architecture=(f"{config.encoder_layers}+{config.decoder_layers} layers, d_model {config.d_model}, "
                           f"{config.encoder_attention_heads} heads, FFN {config.encoder_ffn_dim}, "
@@ -721,6 +880,10 @@ class Run:
             logger.warning(f"push during training failed, training goes on: {error}")
 
 
+def _has_examples(split) -> bool:
+    return next(iter(split), None) is not None if isinstance(split, IterableDataset) else len(split) > 0
+
+
 def _table_cell(text: str, limit: int = 300) -> str:
     """Text safe inside a Markdown table cell."""
     text = " ".join(text.split()).replace("|", "\\|")
@@ -754,11 +917,12 @@ def run_training(model_args: ModelArguments, data_args: DataArguments, args: Tra
     validation = run.validate()
     results = {
         "train_steps": run.state.global_step,
-        "epoch": round(run.state.epoch + run.state.batches_done_in_epoch / max(run.batches_per_epoch, 1), 3),
+        "epoch": run._epoch_fraction(),
         "train_tokens": run.state.train_tokens,
         "train_tokens_per_second": round(run.state.train_tokens / max(run.state.train_seconds, 1e-9), 1),
-        "train_pairs": len(run.datasets["train"]),
-        "train_padding_fraction": round(padding_fraction(list(run.sampler), *sequence_lengths(run.datasets["train"])), 4),
+        "train_pairs": None if data_args.streaming else len(run.datasets["train"]),
+        "train_padding_fraction": None if data_args.streaming else
+        round(padding_fraction(list(run.sampler), *sequence_lengths(run.datasets["train"])), 4),
         "filtered": run.filter_report,
         **{key: value for key, value in validation.items() if key != "step"},
     }
