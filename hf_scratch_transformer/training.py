@@ -129,6 +129,11 @@ class TrainingArguments:
     resume_from_checkpoint: str | None = field(
         default=None, metadata={"help": "Checkpoint directory, or 'latest' for the newest one in output_dir."}
     )
+    overwrite_newer_checkpoints: bool = field(
+        default=False,
+        metadata={"help": "Resuming from an older checkpoint-N: move the newer checkpoints aside into "
+                  "output_dir/abandoned-after-N-<time>/ instead of refusing."},
+    )
     average_checkpoints: int = field(
         default=1, metadata={"help": "Final weights = average of the last K checkpoints (fairseq-style); 1: off."}
     )
@@ -155,33 +160,83 @@ class TrainingArguments:
 # ------------------------------------------------------------------------------------------------ argument checks
 
 
+CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
+
+
 def parse_arguments(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, TrainingArguments]:
-    """Command-line flags, or a single .json / .yaml file holding them."""
+    """Command-line flags, optionally after a .json / .yaml file holding flags: `train.py run.yaml --max_steps 5`.
+
+    The file's keys become flags placed before the command line's, so flags given on the command line override the
+    file, and every value goes through the same conversion as a flag (YAML's `1e-3`, read as a string, is a float;
+    the string "no" is a false boolean; a wrong type is named).
+    """
     parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
 
     def one_line_error(message: str):  # argparse would print the (long) usage, then exit
         raise UsageError(f"{message} (see --help)")
 
     parser.error = one_line_error
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 1 and argv[0].endswith((".json", ".yaml", ".yml")):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].endswith(CONFIG_SUFFIXES) and not argv[0].startswith("-"):
         path = Path(argv[0])
-        if not path.is_file():
-            raise UsageError(f"config file {path} does not exist")
+        file_flags = _config_file_flags(path, {action.dest for action in parser._actions})
         try:
-            if path.suffix == ".json":
-                return parser.parse_json_file(str(path), allow_extra_keys=False)
-            return parser.parse_yaml_file(str(path), allow_extra_keys=False)
-        except ValueError as error:
-            raise UsageError(f"{path}: {error}") from error
+            parser.parse_args_into_dataclasses(args=file_flags)
+        except (UsageError, ValueError) as error:
+            raise UsageError(f"config file {path}: {' '.join(str(error).split())}") from error
+        argv = file_flags + argv[1:]
     try:
         return parser.parse_args_into_dataclasses(args=argv)
     except ValueError as error:  # flags no dataclass knows
-        raise UsageError(f"{error} (see --help)") from error
+        raise UsageError(f"{' '.join(str(error).split())} (see --help)") from error
+
+
+def _config_file_flags(path: Path, known: set[str]) -> list[str]:
+    """The flags a JSON / YAML config file stands for; its problems named in one line."""
+    if path.is_dir():
+        raise UsageError(f"config file {path} is a directory: give a .json or .yaml file")
+    if not path.is_file():
+        raise UsageError(f"config file {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"config file {path} cannot be read as UTF-8 text ({error})") from error
+    try:
+        if path.suffix == ".json":
+            values = json.loads(text)
+        else:
+            import yaml
+
+            values = yaml.safe_load(text)
+    except Exception as error:  # noqa: BLE001  (json and yaml raise their own kinds)
+        reason = " ".join(str(error).split())[:300]
+        raise UsageError(f"config file {path} is not valid {path.suffix[1:].upper()}: {reason}") from error
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise UsageError(f"config file {path} must hold a mapping of flag names to values (like "
+                         f"`max_steps: 100`), not a {type(values).__name__}")
+    flags = []
+    for key, value in values.items():
+        if key not in known:
+            raise UsageError(f"config file {path}: unknown key {key!r} (see --help for the flag names)")
+        if value is None:
+            continue
+        if isinstance(value, (dict, list)):
+            raise UsageError(f"config file {path}: {key} must be a single value, not a {type(value).__name__} "
+                             f"({json.dumps(value)[:80]})")
+        flags += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return flags
 
 
 def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
-    """Refuse contradictory or impossible settings before any work is done."""
+    """Refuse contradictory or impossible settings, and an output directory holding another run, before any work."""
+    check_values(model_args, data_args, args)
+    check_output_dir(args)
+
+
+def check_values(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
+    """Refuse contradictory or impossible settings before any work is done (touches no file)."""
     if model_args.preset not in PRESETS:
         raise UsageError(f"unknown --preset {model_args.preset!r}: choose one of {', '.join(PRESETS)}")
     model_args.build_config(vocab_size=data_args.tokenizer_vocab_size)  # sizes that contradict fail before any work
@@ -195,8 +250,7 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: 
                  "num_beams", "logging_steps", "average_checkpoints"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.learning_rate <= 0:
-        raise UsageError(f"--learning_rate must be positive, got {args.learning_rate}")
+    _check_ranges(model_args, data_args, args)
     if data_args.streaming and args.max_steps <= 0:
         raise UsageError("--streaming reads a corpus of unknown length, so epochs cannot be counted: give --max_steps N")
     longest = max(data_args.max_source_length, data_args.max_target_length)
@@ -213,14 +267,135 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: 
     output_dir = Path(args.output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise UsageError(f"--output_dir {output_dir} is a file, not a directory")
-    # Staging folders left by a run that stopped during setup hold nothing to lose.
-    kept = [path for path in output_dir.iterdir() if not path.name.startswith((".tokenizer", ".staging-"))] \
+
+
+def check_output_dir(args: TrainingArguments) -> None:
+    """A non-empty output directory is only reused on request."""
+    output_dir = Path(args.output_dir)
+    # Staging folders left by a run that stopped during setup hold nothing to lose; the lock is this run's.
+    kept = [path for path in output_dir.iterdir()
+            if not path.name.startswith((".tokenizer", ".staging-")) and path.name != LOCK_FILE] \
         if output_dir.is_dir() else []
     if kept and not args.overwrite_output_dir and not args.resume_from_checkpoint:
         raise UsageError(
             f"output directory {output_dir} exists and is not empty: pass --overwrite_output_dir to replace it, "
             f"--resume_from_checkpoint latest to continue its run, or another --output_dir"
         )
+
+
+# (flag, lowest, highest, lowest allowed?, highest allowed?, what it is): checked for being a finite number in range.
+def _numeric_rules(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> list:
+    inf = math.inf
+    rules = [
+        ("learning_rate", args.learning_rate, 0, inf, False, True),
+        ("warmup_steps", args.warmup_steps, 0, inf, True, True),
+        ("adam_beta1", args.adam_beta1, 0, 1, True, False),
+        ("adam_beta2", args.adam_beta2, 0, 1, True, False),
+        ("adam_epsilon", args.adam_epsilon, 0, inf, False, True),
+        ("weight_decay", args.weight_decay, 0, inf, True, True),
+        ("label_smoothing_factor", args.label_smoothing_factor, 0, 1, True, False),
+        ("max_grad_norm", args.max_grad_norm, 0, inf, True, True),
+        ("eval_steps", args.eval_steps, 0, inf, True, True),
+        ("save_steps", args.save_steps, 0, inf, True, True),
+        ("save_total_limit", args.save_total_limit, 1, inf, True, True),
+        ("cpu_threads", args.cpu_threads, 0, inf, True, True),
+        ("dataloader_num_workers", args.dataloader_num_workers, 0, inf, True, True),
+        ("eval_max_new_tokens", args.eval_max_new_tokens, 1, inf, True, True),
+        ("dropout", model_args.dropout, 0, 1, True, False),
+        ("attention_dropout", model_args.attention_dropout, 0, 1, True, False),
+        ("activation_dropout", model_args.activation_dropout, 0, 1, True, False),
+        ("max_position_embeddings", model_args.max_position_embeddings, 2, inf, True, True),
+        ("max_source_length", data_args.max_source_length, 2, inf, True, True),
+        ("max_target_length", data_args.max_target_length, 2, inf, True, True),
+        ("validation_split_percentage", data_args.validation_split_percentage, 0, 100, False, False),
+        ("max_length_ratio", data_args.max_length_ratio, 1, inf, True, True),
+        ("tokenizer_vocab_size", data_args.tokenizer_vocab_size, 260, inf, True, True),
+    ]
+    optional = [("max_train_samples", data_args.max_train_samples, 1), ("max_eval_samples", data_args.max_eval_samples, 1),
+                ("max_predict_samples", data_args.max_predict_samples, 1),
+                ("preprocessing_num_workers", data_args.preprocessing_num_workers, 1),
+                ("tokenizer_max_sentences", data_args.tokenizer_max_sentences, 1),
+                ("max_tokens", data_args.max_tokens, 0)]
+    rules += [(name, value, low, inf, True, True) for name, value, low in optional if value is not None]
+    if args.max_steps <= 0:  # the epochs decide the length of the run
+        rules.append(("num_train_epochs", args.num_train_epochs, 0, inf, False, True))
+    return rules
+
+
+def _check_ranges(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
+    for name, value, low, high, low_ok, high_ok in _numeric_rules(model_args, data_args, args):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--{name} must be a finite number, got {value}")
+        if value < low or (value == low and not low_ok) or value > high or (value == high and not high_ok):
+            upper = "∞)" if high == math.inf else f"{high}{']' if high_ok else ')'}"
+            interval = f"{'[' if low_ok else '('}{low}, {upper}"
+            hint = " (or give --max_steps N)" if name == "num_train_epochs" else ""
+            raise UsageError(f"--{name} must be in {interval}, got {value}: give a value in that range{hint}")
+
+
+# ------------------------------------------------------------------------------------------------------ the lock
+
+LOCK_FILE = ".train.lock"
+
+
+class OutputDirLock:
+    """`<output_dir>/.train.lock`, created exclusively by the main process and holding its pid and hostname, so that
+    a second run into the same directory is refused. A lock whose process is gone (same host, dead pid) is stale
+    and taken over. Creating it is also the check that the directory is writable."""
+
+    def __init__(self, output_dir: Path):
+        self.path = Path(output_dir) / LOCK_FILE
+        self.owner = {"pid": os.getpid(), "hostname": platform.node()}
+        self.held = False
+
+    def acquire(self) -> None:
+        directory = self.path.parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            for _ in range(2):
+                try:
+                    with open(self.path, "x", encoding="utf-8") as handle:
+                        handle.write(json.dumps(self.owner))
+                    self.held = True
+                    return
+                except FileExistsError:
+                    holder = self._holder()
+                    if holder is not None and not self._is_stale(holder):
+                        raise UsageError(
+                            f"output directory {directory} is in use by another run (pid {holder.get('pid')} on "
+                            f"{holder.get('hostname')}, lock {self.path}): wait for it to end or choose another "
+                            f"--output_dir; delete the lock only if that run is gone") from None
+                    logger.warning(f"removing the stale lock {self.path} of a run that is gone ({holder})")
+                    self.path.unlink(missing_ok=True)
+        except OSError as error:
+            raise UsageError(f"output directory {directory} is not writable ({type(error).__name__}: "
+                             f"{error.strerror or error}): fix its permissions or free space, or choose another "
+                             f"--output_dir") from error
+        raise UsageError(f"could not take the lock {self.path}: another run keeps recreating it; choose another "
+                         f"--output_dir")
+
+    def _holder(self) -> dict | None:
+        try:
+            holder = json.loads(self.path.read_text(encoding="utf-8"))
+            return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) else None
+        except (OSError, ValueError):
+            return None  # unreadable or half-written: treated as stale
+
+    def _is_stale(self, holder: dict) -> bool:
+        if holder.get("hostname") != platform.node():
+            return False  # another machine's process cannot be checked from here
+        try:
+            os.kill(holder["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # alive, another user's
+        return False
+
+    def release(self) -> None:
+        if self.held and self._holder() == self.owner:
+            self.path.unlink(missing_ok=True)
+        self.held = False
 
 
 # ------------------------------------------------------------------------------------------------------- launching
@@ -339,12 +514,16 @@ class Run:
         self.last_checkpoint: Path | None = None
         self.state = RunState()
         self.started = time.time()
+        self.lock = OutputDirLock(self.output_dir)
 
     # -- setup ---------------------------------------------------------------------------------------------------
 
     def setup(self) -> None:
         args, data_args = self.args, self.data_args
-        check_arguments(self.model_args, data_args, args)
+        check_values(self.model_args, data_args, args)
+        if int(os.environ.get("RANK", "0")) == 0:  # the main process, before Accelerate starts
+            self.lock.acquire()
+        check_output_dir(args)
         trackers = [name.strip() for name in args.report_to.split(",") if name.strip() not in ("", "none")]
         world_size = launched_world_size()
         self.accelerator = Accelerator(
@@ -368,6 +547,7 @@ class Run:
         self.checkpoint = None
         if args.resume_from_checkpoint:
             self.checkpoint = resolve_checkpoint(args.resume_from_checkpoint, self.output_dir)
+            self._set_newer_checkpoints_aside()
         elif args.overwrite_output_dir and self.is_main:
             for old in self.output_dir.glob("checkpoint-*"):
                 shutil.rmtree(old)
@@ -428,6 +608,31 @@ class Run:
             self._load_checkpoint(self.checkpoint)
         if trackers:
             self.accelerator.init_trackers("runs", config=self._hyperparameters())
+
+    def _set_newer_checkpoints_aside(self) -> None:
+        """Resuming from checkpoint-N while checkpoint-M (M > N) exist: the resumed run would overwrite them and
+        rotation would delete its own new checkpoints, so it is refused unless --overwrite_newer_checkpoints,
+        which moves them into abandoned-after-N-<time>/ (where `latest` no longer sees them)."""
+        match = CHECKPOINT_PATTERN.match(self.checkpoint.name)
+        step = int(match.group(1)) if match else json.loads((self.checkpoint / TRAINER_STATE).read_text())["global_step"]
+        newer = [path for path in self.output_dir.glob("checkpoint-*")
+                 if (m := CHECKPOINT_PATTERN.match(path.name)) and int(m.group(1)) > step and path.is_dir()]
+        newer.sort(key=lambda path: int(CHECKPOINT_PATTERN.match(path.name).group(1)))
+        if not newer:
+            return
+        names = ", ".join(path.name + ("" if checkpoint_problem(path) is None else " (incomplete)") for path in newer)
+        if not self.args.overwrite_newer_checkpoints:
+            raise UsageError(
+                f"resuming from {self.checkpoint} (step {step}) while {self.output_dir} holds newer checkpoints "
+                f"({names}): resume from the newest with --resume_from_checkpoint latest, or add "
+                f"--overwrite_newer_checkpoints to move them aside into {self.output_dir}/abandoned-after-{step}-<time>/")
+        aside = self.output_dir / f"abandoned-after-{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if self.is_main:
+            aside.mkdir()
+            for path in newer:
+                os.replace(path, aside / path.name)
+            logger.warning(f"moved the newer checkpoints {names} aside into {aside}")
+        self.accelerator.wait_for_everyone()
 
     def _tokenizer(self, raw):
         """Trained on the training split (main process), or the one a resumed checkpoint was trained with."""
@@ -518,12 +723,15 @@ class Run:
                     self._log(row)
                     progress.set_postfix(loss=row["train_loss"], tok_s=row["tokens_per_second"])
                     window_loss, window_batches, window_tokens, window_start = 0.0, 0, 0, time.time()
+                # The window's clock stops while validating or saving: tokens/s counts training time only.
                 if args.eval_steps and state.global_step % args.eval_steps == 0 and state.global_step < self.total_steps:
+                    paused = time.time()
                     self.validate()
-                    window_start = time.time()
+                    window_start += time.time() - paused
                 if args.save_steps and state.global_step % args.save_steps == 0:
+                    paused = time.time()
                     self.save_checkpoint()
-                    window_start = time.time()
+                    window_start += time.time() - paused
                 if self.stop_signal is not None:
                     self._stop_on_signal()
                 if state.global_step >= self.total_steps:
@@ -605,10 +813,13 @@ class Run:
 
     def _non_finite_message(self, value: float) -> str:
         kept = list_checkpoints(self.output_dir)
-        where = f"the last good checkpoint is {kept[-1]}" if kept else "no checkpoint had been written yet"
-        return (f"loss became {value} at step {self.state.global_step + 1}; stopped without saving this state, "
-                f"{where}. Lower --learning_rate, raise --warmup_steps or check the data, then resume with "
-                f"--resume_from_checkpoint latest")
+        if kept:
+            return (f"loss became {value} at step {self.state.global_step + 1}; stopped without saving this state, "
+                    f"the last good checkpoint is {kept[-1]}. Lower --learning_rate, raise --warmup_steps or check "
+                    f"the data, then resume with --resume_from_checkpoint latest")
+        return (f"loss became {value} at step {self.state.global_step + 1}; stopped, no checkpoint had been written "
+                f"yet. Lower --learning_rate, raise --warmup_steps or check the data, then start again with "
+                f"--overwrite_output_dir")
 
     def _install_signal_handlers(self) -> dict:
         """SIGINT/SIGTERM only set a flag: the loop saves a checkpoint after the current step and stops."""
@@ -649,7 +860,12 @@ class Run:
             model.train()
             row = {"step": self.state.global_step, "eval_loss": round(loss, 4), "eval_bleu": scores["bleu"],
                    "eval_chrf": scores["chrf"]}
+            earlier = [r["eval_loss"] for r in self.state.history if "eval_loss" in r]
             self._log(row)
+            warning = divergence_warning(row, earlier, len(self.tokenizer), self.args.warmup_steps)
+            if warning:
+                self.divergence = warning
+                logger.warning(warning)
         self.accelerator.wait_for_everyone()
         return row
 
@@ -854,7 +1070,8 @@ class Run:
             api.create_repo(repo_id, private=self.args.hub_private_repo, exist_ok=True)
             commit = api.upload_folder(
                 repo_id=repo_id, folder_path=str(folder), path_in_repo=path_in_repo, commit_message=message,
-                ignore_patterns=["checkpoint-*", "checkpoint-*/**", ".staging-*", ".tokenizer/**", "runs/**"],
+                ignore_patterns=["checkpoint-*", "checkpoint-*/**", ".staging-*", ".tokenizer/**", "runs/**",
+                                 LOCK_FILE, "abandoned-after-*/**"],
             )
         except Exception as error:  # any failure of the network or the hub ends in the same advice
             raise TrainingFault(
@@ -878,6 +1095,22 @@ class Run:
                 shutil.rmtree(staging, ignore_errors=True)
         except TrainingFault as error:
             logger.warning(f"push during training failed, training goes on: {error}")
+
+
+def divergence_warning(row: dict, earlier_losses: list[float], vocab_size: int, warmup_steps: int) -> str | None:
+    """A finite divergence seen at validation: after warm-up, a loss above that of guessing every token uniformly
+    (ln V), or 50% and 1 nat above the best validation loss so far. None when the run looks healthy."""
+    loss, uniform = row["eval_loss"], math.log(vocab_size)
+    best = min(earlier_losses, default=math.inf)
+    if loss > uniform and row["step"] > warmup_steps:
+        why = f"above {uniform:.2f}, the loss of guessing uniformly among {vocab_size} tokens"
+    elif loss > 1.5 * best and loss > best + 1:
+        why = f"up from {best} at best"
+    else:
+        return None
+    return (f"training is diverging: validation loss {loss} at step {row['step']} is {why} (BLEU {row['eval_bleu']}); "
+            f"lower --learning_rate, raise --warmup_steps or use --normalize_before (pre-norm), then start again "
+            f"or resume from a checkpoint written before the loss rose")
 
 
 def _has_examples(split) -> bool:
@@ -910,11 +1143,20 @@ def run_training(model_args: ModelArguments, data_args: DataArguments, args: Tra
                  model_card_template: str | Path | None = None) -> dict:
     """Train, evaluate, save (and push); returns the figures written to all_results.json."""
     run = Run(model_args, data_args, args, model_card_template)
+    try:
+        return _run_training(run)
+    finally:
+        run.lock.release()
+
+
+def _run_training(run: "Run") -> dict:
+    model_args, data_args, args = run.model_args, run.data_args, run.args
     run.setup()
     run.train()
     if args.average_checkpoints > 1:
         run.average_last_checkpoints()
     validation = run.validate()
+    divergence = getattr(run, "divergence", None)
     results = {
         "train_steps": run.state.global_step,
         "epoch": run._epoch_fraction(),
@@ -930,6 +1172,8 @@ def run_training(model_args: ModelArguments, data_args: DataArguments, args: Tra
     results["train_runtime_seconds"] = round(time.time() - run.started, 1)
     if getattr(run, "averaged_checkpoints", None):
         results["averaged_checkpoints"] = run.averaged_checkpoints
+    if divergence:
+        results["divergence_warning"] = divergence
     run.save_model(results)
     run.accelerator.end_training()
     if args.push_to_hub and run.is_main:
