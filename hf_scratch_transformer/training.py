@@ -497,6 +497,15 @@ class RunState:
     history: list = field(default_factory=list)
     scheduler: dict = field(default_factory=dict)
     world_size: int = 1  # processes that trained: batches_done_in_epoch counts the batches of each of them
+    settings: dict = field(default_factory=dict)  # RESUME_SETTINGS as the run started: a resume must not change them
+
+
+# What a resumed run must keep: the schedule (restored from the checkpoint) and the batch order and position.
+RESUME_SETTINGS = {"args": ("learning_rate", "warmup_steps", "seed", "per_device_train_batch_size",
+                            "gradient_accumulation_steps"),
+                   "data_args": ("dataset_name", "dataset_config_name", "train_file", "max_train_samples", "streaming",
+                                 "source_lang", "target_lang", "max_source_length", "max_target_length",
+                                 "max_length_ratio", "max_tokens")}
 
 
 # ------------------------------------------------------------------------------------------------------- the run
@@ -902,6 +911,7 @@ class Run:
         if self.is_main:
             self.state.scheduler = self.scheduler.state_dict()
             self.state.world_size = self.accelerator.num_processes
+            self.state.settings = self.state.settings or self._settings()
             self.accelerator.unwrap_model(self.model).config.to_json_file(staging / "config.json")
             self.tokenizer.save_pretrained(staging)
             (staging / TRAINER_STATE).write_text(json.dumps(asdict(self.state), indent=1))
@@ -924,6 +934,7 @@ class Run:
         try:
             saved = json.loads((checkpoint / TRAINER_STATE).read_text())
             self._check_world_size(checkpoint, saved.get("world_size", 1))
+            self._check_same_settings(checkpoint, saved.get("settings") or {})
             self.accelerator.load_state(str(checkpoint))
             self.state = RunState(**saved)
             self.scheduler.load_state_dict(self.state.scheduler)
@@ -937,6 +948,22 @@ class Run:
             ) from error
         self.last_checkpoint = checkpoint
         logger.info(f"resumed from {checkpoint} at step {self.state.global_step}")
+
+    def _settings(self) -> dict:
+        sources = {"args": self.args, "data_args": self.data_args}
+        return {name: getattr(sources[group], name) for group, names in RESUME_SETTINGS.items() for name in names}
+
+    def _check_same_settings(self, checkpoint: Path, saved: dict) -> None:
+        """The learning-rate schedule comes back from the checkpoint and the position in the data only means the
+        same thing over the same batches: changed values would silently not apply, so they are refused."""
+        current = self._settings()
+        changed = [f"--{name} {saved[name]!r} -> {current[name]!r}" for name in current
+                   if name in saved and saved[name] != current[name]]
+        if changed:
+            raise UsageError(
+                f"checkpoint {checkpoint} was trained with other settings ({'; '.join(changed)}): a resumed run keeps "
+                f"its schedule and batch order, so resume with the values it was started with, or start a new "
+                f"--output_dir to train with the new ones")
 
     def _check_world_size(self, checkpoint: Path, saved: int) -> None:
         """The position in the epoch counts batches of each of `saved` processes, and every process has its own
