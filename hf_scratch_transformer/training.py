@@ -237,6 +237,7 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: 
 
 def check_values(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
     """Refuse contradictory or impossible settings before any work is done (touches no file)."""
+    _check_ranges(model_args, data_args, args)
     if model_args.preset not in PRESETS:
         raise UsageError(f"unknown --preset {model_args.preset!r}: choose one of {', '.join(PRESETS)}")
     model_args.build_config(vocab_size=data_args.tokenizer_vocab_size)  # sizes that contradict fail before any work
@@ -250,7 +251,6 @@ def check_values(model_args: ModelArguments, data_args: DataArguments, args: Tra
                  "num_beams", "logging_steps", "average_checkpoints"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    _check_ranges(model_args, data_args, args)
     if data_args.streaming and args.max_steps <= 0:
         raise UsageError("--streaming reads a corpus of unknown length, so epochs cannot be counted: give --max_steps N")
     longest = max(data_args.max_source_length, data_args.max_target_length)
