@@ -241,12 +241,27 @@ def _json_records(path: str):
         for number, record in enumerate(records, start=1):
             yield f"record {number}", record
         return
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    if stripped.startswith("{") and not _parses_as_object(first):
+        return  # one JSON document spread over lines: the json reader decides
     for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             try:
                 yield f"line {number}", json.loads(line)
-            except json.JSONDecodeError:
-                return
+            except json.JSONDecodeError as error:
+                yield f"line {number}", _Unparsable(f"column {error.colno}: {error.msg}")
+
+
+class _Unparsable:
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _parses_as_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
 
 
 def _check_record_shapes(path: str, split: str, source_lang: str, target_lang: str) -> None:
@@ -254,10 +269,14 @@ def _check_record_shapes(path: str, split: str, source_lang: str, target_lang: s
     strings (null or absent: skipped later as an empty pair). The first wrong one is named with its line."""
     expected = (f'expected {{"translation": {{"{source_lang}": "...", "{target_lang}": "..."}}}} '
                 f'or {{"{source_lang}": "...", "{target_lang}": "..."}}')
+    kind = Path(path.removesuffix(".gz")).suffix[1:].lower()
     for where, record in _json_records(path):
+        if isinstance(record, _Unparsable):  # named here, before the json reader logs its own error
+            raise CorpusError(f"The {split} file {path!r} is not valid {kind}: {where}, {record.reason}")
         if not isinstance(record, dict):
             if where.startswith("line"):
-                return  # a JSON Lines file of non-objects: _json_error_location names it
+                raise CorpusError(f"The {split} file {path!r} is not valid {kind}: {where}: a JSON object per line "
+                                  f"is expected, got {type(record).__name__}")
             raise CorpusError(f"The {split} file {path!r}, {where}: {expected}, got {type(record).__name__}.")
         if "translation" in record:
             pair, field_name = record["translation"], "translation"

@@ -528,8 +528,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    import transformers
+
     torch.set_num_threads(1)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    transformers.logging.disable_progress_bar()
     cases = [case for case in CASES if args.k in case.category or args.k in case.name]
     with tempfile.TemporaryDirectory(prefix="hostile-") as root:
         logging.disable(logging.WARNING)  # the runs' own progress lines; the verdicts are printed below
