@@ -1125,11 +1125,11 @@ class Run:
 
 
 def divergence_warning(row: dict, earlier_losses: list[float], vocab_size: int, warmup_steps: int) -> str | None:
-    """A finite divergence seen at validation: after warm-up, a loss above that of guessing every token uniformly
-    (ln V), or 50% and 1 nat above the best validation loss so far. None when the run looks healthy."""
+    """A finite divergence seen at validation: after warm-up, a loss half a nat above that of guessing every token
+    uniformly (ln V), or 50% and 1 nat above the best validation loss so far. None when the run looks healthy."""
     loss, uniform = row["eval_loss"], math.log(vocab_size)
     best = min(earlier_losses, default=math.inf)
-    if loss > uniform and row["step"] > warmup_steps:
+    if loss > uniform + 0.5 and row["step"] > warmup_steps:
         why = f"above {uniform:.2f}, the loss of guessing uniformly among {vocab_size} tokens"
     elif loss > 1.5 * best and loss > best + 1:
         why = f"up from {best} at best"

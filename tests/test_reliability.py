@@ -147,7 +147,8 @@ def test_two_cpu_processes_resume_the_stream_position(two_process_stream, tmp_pa
 
 
 def test_streaming_trains_checkpoints_and_resumes_exactly_in_one_process(tmp_path, monkeypatch):
-    flags = dict(streaming=True, max_steps=6, save_steps=3, eval_steps=0, max_train_samples=40)
+    flags = dict(streaming=True, max_steps=6, save_steps=3, eval_steps=0, max_train_samples=24, max_tokens=0,
+                 per_device_train_batch_size=8)  # 3 batches an epoch: the run crosses into a second one
     monkeypatch.setenv(BATCH_TRACE_VARIABLE, str(tmp_path))
     results = run(tmp_path / "straight", **flags)
     assert results["train_steps"] == 6 and results["train_pairs"] is None
