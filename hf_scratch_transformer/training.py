@@ -903,26 +903,37 @@ class Run:
         step = self.state.global_step
         final = self.output_dir / f"checkpoint-{step}"
         staging = self.output_dir / f"checkpoint-{step}.tmp"
-        if self.is_main and staging.exists():
-            shutil.rmtree(staging)
-        self.accelerator.wait_for_everyone()
-        self.accelerator.save_state(str(staging), safe_serialization=True)
-        self.accelerator.wait_for_everyone()  # every process's random states are written before the marker
-        if self.is_main:
-            self.state.scheduler = self.scheduler.state_dict()
-            self.state.world_size = self.accelerator.num_processes
-            self.state.settings = self.state.settings or self._settings()
-            self.accelerator.unwrap_model(self.model).config.to_json_file(staging / "config.json")
-            self.tokenizer.save_pretrained(staging)
-            (staging / TRAINER_STATE).write_text(json.dumps(asdict(self.state), indent=1))
-            files = {str(path.relative_to(staging)): path.stat().st_size
-                     for path in sorted(staging.rglob("*")) if path.is_file()}
-            (staging / CHECKPOINT_COMPLETE).write_text(json.dumps({"step": step, "files": files}, indent=1))
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(staging, final)
-            for old in list_checkpoints(self.output_dir)[: -self.args.save_total_limit]:
-                shutil.rmtree(old)
+        try:
+            if self.is_main and staging.exists():
+                shutil.rmtree(staging)
+            self.accelerator.wait_for_everyone()
+            self.accelerator.save_state(str(staging), safe_serialization=True)
+            self.accelerator.wait_for_everyone()  # every process's random states are written before the marker
+            if self.is_main:
+                self.state.scheduler = self.scheduler.state_dict()
+                self.state.world_size = self.accelerator.num_processes
+                self.state.settings = self.state.settings or self._settings()
+                self.accelerator.unwrap_model(self.model).config.to_json_file(staging / "config.json")
+                self.tokenizer.save_pretrained(staging)
+                (staging / TRAINER_STATE).write_text(json.dumps(asdict(self.state), indent=1))
+                files = {str(path.relative_to(staging)): path.stat().st_size
+                         for path in sorted(staging.rglob("*")) if path.is_file()}
+                (staging / CHECKPOINT_COMPLETE).write_text(json.dumps({"step": step, "files": files}, indent=1))
+                if final.exists():
+                    shutil.rmtree(final)
+                os.replace(staging, final)
+                for old in list_checkpoints(self.output_dir)[: -self.args.save_total_limit]:
+                    shutil.rmtree(old)
+        except OSError as error:  # disk full, permissions: the staging folder never counts as a checkpoint
+            if self.is_main:
+                shutil.rmtree(staging, ignore_errors=True)
+            kept = list_checkpoints(self.output_dir)
+            where = (f"the last complete checkpoint, {kept[-1]}, is unchanged; free space or fix permissions, then "
+                     f"resume with --resume_from_checkpoint latest" if kept else
+                     "no complete checkpoint was written before; free space or fix permissions, then start again "
+                     "with --overwrite_output_dir")
+            raise TrainingFault(f"could not write checkpoint-{step} in {self.output_dir} ({type(error).__name__}: "
+                                f"{error}); {where}") from error
         self.accelerator.wait_for_everyone()
         self.last_checkpoint = final
         if self.args.push_to_hub and self.args.hub_strategy in ("every_save", "checkpoint") and self.is_main:

@@ -497,7 +497,36 @@ def _nan_without_checkpoint(ws: Workspace) -> str:
     return message
 
 
-FAULT_CASES = [Case("nan_loss_without_checkpoint", "faults", _nan_without_checkpoint)]
+def _disk_full_at_a_checkpoint(ws: Workspace) -> str:
+    from accelerate import Accelerator
+
+    real_save_state = Accelerator.save_state
+
+    def save_state(self, output_dir=None, **kwargs):
+        if str(output_dir).endswith("checkpoint-4.tmp"):
+            real_save_state(self, output_dir, **kwargs)  # a partial write, then the failure
+            raise OSError(28, "No space left on device")
+        return real_save_state(self, output_dir, **kwargs)
+
+    Accelerator.save_state = save_state
+    try:
+        output_dir = ws.fresh("full")
+        message = one_line(*run_train(tiny_flags(output_dir, max_steps=6, save_steps=2)), 1,
+                           f"could not write checkpoint-4 in {output_dir}", "No space left on device",
+                           f"the last complete checkpoint, {output_dir / 'checkpoint-2'}, is unchanged",
+                           "--resume_from_checkpoint latest")
+    finally:
+        Accelerator.save_state = real_save_state
+    from hf_scratch_transformer.training import list_checkpoints
+
+    left = sorted(path.name for path in output_dir.glob("checkpoint-*"))
+    if left != ["checkpoint-2"] or [path.name for path in list_checkpoints(output_dir)] != ["checkpoint-2"]:
+        raise Failure(f"after the failed checkpoint the directory holds {left}")
+    return message
+
+
+FAULT_CASES = [Case("nan_loss_without_checkpoint", "faults", _nan_without_checkpoint),
+               Case("disk_full_while_checkpointing", "faults", _disk_full_at_a_checkpoint)]
 
 CASES = (FLAG_CASES + CONFIG_CASES + CORPUS_CASES + OUTPUT_CASES + RESUME_CASES + LAUNCH_CASES + LOADING_CASES
          + INFERENCE_CASES + FAULT_CASES)
