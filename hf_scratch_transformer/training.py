@@ -283,7 +283,7 @@ def check_output_dir(args: TrainingArguments) -> None:
         )
 
 
-# (flag, lowest, highest, lowest allowed?, highest allowed?, what it is): checked for being a finite number in range.
+# (flag, value, lowest, highest, lowest allowed?, highest allowed?): each value must be a finite number in range.
 def _numeric_rules(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> list:
     inf = math.inf
     rules = [
