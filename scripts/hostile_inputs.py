@@ -556,16 +556,25 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     import torch
-
     import transformers
 
-    torch.set_num_threads(1)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    transformers.logging.disable_progress_bar()
+    threads, offline = torch.get_num_threads(), os.environ.get("HF_HUB_OFFLINE")
+    torch.set_num_threads(1)  # tiny models
+    os.environ["HF_HUB_OFFLINE"] = "1"
     cases = [case for case in CASES if args.k in case.category or args.k in case.name]
-    with tempfile.TemporaryDirectory(prefix="hostile-") as root:
-        logging.disable(logging.WARNING)  # the runs' own progress lines; the verdicts are printed below
-        clean, failures = run_cases(cases, Path(root))
+    logging.disable(logging.WARNING)  # the runs' own progress lines; the verdicts are printed below
+    transformers.logging.disable_progress_bar()
+    try:
+        with tempfile.TemporaryDirectory(prefix="hostile-") as root:
+            clean, failures = run_cases(cases, Path(root))
+    finally:  # leave the calling process as it was (the tests call main())
+        logging.disable(logging.NOTSET)
+        transformers.logging.enable_progress_bar()
+        torch.set_num_threads(threads)
+        if offline is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = offline
     print(f"{len(cases)} hostile cases tried: {clean} handled cleanly")
     return 0 if not failures else 1
 
