@@ -434,7 +434,7 @@ def checkpoint_problem(path: Path) -> str | None:
     try:
         listed = json.loads((path / CHECKPOINT_COMPLETE).read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
-        return f"no {CHECKPOINT_COMPLETE} (written last, when every file is in place)"
+        return f"no {CHECKPOINT_COMPLETE}, which is written last, once every file is in place"
     for name, size in listed.items():
         file = path / name
         if not file.is_file() or file.stat().st_size != size:
