@@ -228,28 +228,30 @@ def _json_error_location(path: str) -> str | None:
 
 
 def _json_records(path: str):
-    """(where, record) of a JSON Lines file ("line N"), or of a JSON file holding a list ("record N"); nothing for a
-    JSON file of another layout (the json reader decides) or one that does not parse (reported elsewhere)."""
+    """(where, record) of a JSON Lines file ("line N", read line by line: a corpus larger than memory is fine; a line
+    that does not parse comes as an `_Unparsable`), or of a JSON file holding a list ("record N"); nothing for a JSON
+    document of another layout (the json reader decides)."""
     with _open_binary(path) as handle:
-        text = handle.read().decode("utf-8", errors="replace")
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            records = json.loads(text)
-        except json.JSONDecodeError:
-            return
+        first = next((line for line in handle if line.strip()), b"").decode("utf-8", errors="replace")
+    if first.lstrip().startswith("["):
+        with _open_binary(path) as handle:
+            try:
+                records = json.loads(handle.read().decode("utf-8", errors="replace"))
+            except json.JSONDecodeError:
+                return
         for number, record in enumerate(records, start=1):
             yield f"record {number}", record
         return
-    first = next((line for line in text.splitlines() if line.strip()), "")
-    if stripped.startswith("{") and not _parses_as_object(first):
+    if first.lstrip().startswith("{") and not _parses_as_object(first):
         return  # one JSON document spread over lines: the json reader decides
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            try:
-                yield f"line {number}", json.loads(line)
-            except json.JSONDecodeError as error:
-                yield f"line {number}", _Unparsable(f"column {error.colno}: {error.msg}")
+    with _open_binary(path) as handle:
+        for number, raw in enumerate(handle, start=1):
+            line = raw.decode("utf-8", errors="replace")
+            if line.strip():
+                try:
+                    yield f"line {number}", json.loads(line)
+                except json.JSONDecodeError as error:
+                    yield f"line {number}", _Unparsable(f"column {error.colno}: {error.msg}")
 
 
 class _Unparsable:
