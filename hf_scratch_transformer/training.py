@@ -434,12 +434,24 @@ def checkpoint_problem(path: Path) -> str | None:
     try:
         listed = json.loads((path / CHECKPOINT_COMPLETE).read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
+        if _is_legacy_checkpoint(path):
+            return None
         return f"no {CHECKPOINT_COMPLETE}, which is written last, once every file is in place"
     for name, size in listed.items():
         file = path / name
         if not file.is_file() or file.stat().st_size != size:
             return f"{name} is missing or has another size than when it was written"
     return None
+
+
+def _is_legacy_checkpoint(path: Path) -> bool:
+    """A checkpoint written before completion markers existed (one process; its run state, written last, has no
+    `world_size`): complete as far as can be told, so that runs started with the previous version can resume."""
+    try:
+        state = json.loads((path / TRAINER_STATE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and "global_step" in state and "world_size" not in state
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:

@@ -238,6 +238,12 @@ def test_a_checkpoint_counts_only_with_its_completion_marker_and_files(tmp_path)
     assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-2"]
     (tmp_path / "checkpoint-2" / CHECKPOINT_COMPLETE).unlink()  # no marker: not complete
     assert list_checkpoints(tmp_path) == []
+    # ... unless written by the version before markers (its run state has no world_size): still resumable
+    state_file = tmp_path / "checkpoint-2" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    del state["world_size"], state["settings"]
+    state_file.write_text(json.dumps(state))
+    assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-2"]
 
 
 # ---------------------------------------------------------------------------------------------- measured figures
