@@ -84,6 +84,21 @@ def _read_lines(path: str) -> list[str]:
         raise CLIError(f"cannot read input file {path}: {error.strerror or error}") from None
 
 
+def _read_stdin() -> list[str]:
+    """Standard input, decoded as UTF-8 strictly: binary input gets the same message as a binary file."""
+    if sys.stdin is None:
+        return []
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # replaced by a text-only object (tests, embedding)
+        return sys.stdin.read().splitlines()
+    data = stream.read()
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise CLIError(f"standard input is not valid UTF-8 ({error.reason} at byte {error.start}): convert it, "
+                       f"e.g. `iconv -f latin1 -t utf-8`") from None
+
+
 def _write_lines(path: str | None, lines: list[str]) -> None:
     if path is None:
         for line in lines:
@@ -129,7 +144,7 @@ def _run(args: argparse.Namespace) -> int:
     elif sys.stdin is not None and sys.stdin.isatty() and not args.output_file:
         texts, interactive = [], True
     else:
-        texts = sys.stdin.read().splitlines() if sys.stdin is not None else []
+        texts = _read_stdin()
 
     if not args.debug:
         os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")

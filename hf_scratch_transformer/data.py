@@ -139,6 +139,8 @@ def _load_local_files(args: DataArguments) -> dict:
 
 def _load_file(path: str, split: str, args: DataArguments):
     """Load one local file as a split with a ``translation`` column."""
+    if os.path.isdir(path):
+        raise CorpusError(f"The {split} file {path!r} is a directory: give the path of a file inside it.")
     if not os.path.isfile(path):
         raise CorpusFileNotFoundError(f"The {split} file {path!r} does not exist.")
     suffix = Path(path.removesuffix(".gz")).suffix.lower()
@@ -150,6 +152,8 @@ def _load_file(path: str, split: str, args: DataArguments):
         raise CorpusError(f"The {split} file {path!r} is empty.")
     _check_utf8(path, split)
     builder, options = FILE_BUILDERS[suffix]
+    if builder == "json":
+        _check_record_shapes(path, split, args.source_lang, args.target_lang)
     try:
         dataset = load_dataset(builder, data_files={split: path}, split=split, streaming=args.streaming, **options)
         empty = _is_empty(dataset)
@@ -221,6 +225,77 @@ def _json_error_location(path: str) -> str | None:
     except json.JSONDecodeError as error:
         return f"line {error.lineno}, column {error.colno}: {error.msg}"
     return None
+
+
+def _json_records(path: str):
+    """(where, record) of a JSON Lines file ("line N", read line by line: a corpus larger than memory is fine; a line
+    that does not parse comes as an `_Unparsable`), or of a JSON file holding a list ("record N"); nothing for a JSON
+    document of another layout (the json reader decides)."""
+    with _open_binary(path) as handle:
+        first = next((line for line in handle if line.strip()), b"").decode("utf-8", errors="replace")
+    if first.lstrip().startswith("["):
+        with _open_binary(path) as handle:
+            try:
+                records = json.loads(handle.read().decode("utf-8", errors="replace"))
+            except json.JSONDecodeError:
+                return
+        for number, record in enumerate(records, start=1):
+            yield f"record {number}", record
+        return
+    if first.lstrip().startswith("{") and not _parses_as_object(first):
+        return  # one JSON document spread over lines: the json reader decides
+    with _open_binary(path) as handle:
+        for number, raw in enumerate(handle, start=1):
+            line = raw.decode("utf-8", errors="replace")
+            if line.strip():
+                try:
+                    yield f"line {number}", json.loads(line)
+                except json.JSONDecodeError as error:
+                    yield f"line {number}", _Unparsable(f"column {error.colno}: {error.msg}")
+
+
+class _Unparsable:
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _parses_as_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _check_record_shapes(path: str, split: str, source_lang: str, target_lang: str) -> None:
+    """Every record must be an object with a `translation` object (or per-language fields) whose sentences are
+    strings (null or absent: skipped later as an empty pair). The first wrong one is named with its line."""
+    expected = (f'expected {{"translation": {{"{source_lang}": "...", "{target_lang}": "..."}}}} '
+                f'or {{"{source_lang}": "...", "{target_lang}": "..."}}')
+    kind = Path(path.removesuffix(".gz")).suffix[1:].lower()
+    for where, record in _json_records(path):
+        if isinstance(record, _Unparsable):  # named here, before the json reader logs its own error
+            raise CorpusError(f"The {split} file {path!r} is not valid {kind}: {where}, {record.reason}")
+        if not isinstance(record, dict):
+            if where.startswith("line"):
+                raise CorpusError(f"The {split} file {path!r} is not valid {kind}: {where}: a JSON object per line "
+                                  f"is expected, got {type(record).__name__}")
+            raise CorpusError(f"The {split} file {path!r}, {where}: {expected}, got {type(record).__name__}.")
+        if "translation" in record:
+            pair, field_name = record["translation"], "translation"
+            if pair is not None and not isinstance(pair, dict):
+                raise CorpusError(f"The {split} file {path!r}, {where}: `translation` must be an object, got "
+                                  f"{type(pair).__name__} ({json.dumps(pair, ensure_ascii=False)[:60]}); {expected}.")
+            pair = pair or {}
+        elif source_lang in record or target_lang in record:
+            pair, field_name = record, None
+        else:
+            continue  # no such column at all: the column check names the columns present
+        for lang in (source_lang, target_lang):
+            value = pair.get(lang)
+            if value is not None and not isinstance(value, str):
+                name = f"translation.{lang}" if field_name else lang
+                raise CorpusError(f"The {split} file {path!r}, {where}: `{name}` must be a string (or null), got "
+                                  f"{type(value).__name__} ({json.dumps(value, ensure_ascii=False)[:60]}).")
 
 
 def _columns_to_translation(batch: dict, languages: tuple[str, str]) -> dict:

@@ -37,6 +37,15 @@ class TranslationPipeline(Pipeline):
             )
 
     def __call__(self, text, **kwargs):
+        if isinstance(text, str) and not text.strip():  # an empty text translates to an empty text, as the CLI
+            return [{"translation_text": ""}]
+        if isinstance(text, list) and any(isinstance(item, str) and not item.strip() for item in text):
+            filled = [item for item in text if not (isinstance(item, str) and not item.strip())]
+            translated = iter(self(filled, **kwargs) if filled else [])
+            return [{"translation_text": ""} if isinstance(item, str) and not item.strip() else next(translated)
+                    for item in text]
+        if isinstance(text, list) and not text:
+            return []
         results = super().__call__(text, **kwargs)
         # One translation per input of a list: a flat list of dicts, as the transformers 4 pipeline returned.
         if isinstance(text, list) and all(len(result) == 1 for result in results):
@@ -45,6 +54,10 @@ class TranslationPipeline(Pipeline):
 
     def _sanitize_parameters(self, truncation=None, **generate_kwargs):
         preprocess_params = {"truncation": truncation} if truncation is not None else {}
+        beams = generate_kwargs.get("num_beams")
+        if beams is not None and (isinstance(beams, bool) or not isinstance(beams, int) or beams < 1):
+            raise ValueError(f"num_beams must be a whole number of at least 1, got {beams!r}: use 1 for greedy "
+                             "decoding, 4 or 5 for beam search.")
         return preprocess_params, generate_kwargs, {}
 
     def preprocess(self, text: str, truncation: bool = True):
@@ -53,6 +66,12 @@ class TranslationPipeline(Pipeline):
         return self.tokenizer(text, return_tensors="pt", truncation=truncation)
 
     def _forward(self, model_inputs, **generate_kwargs):
+        vocab_size = getattr(self.model.config, "vocab_size", None)
+        ids = model_inputs["input_ids"]
+        if vocab_size is not None and ids.numel() and (int(ids.max()) >= vocab_size or int(ids.min()) < 0):
+            bad = sorted({int(i) for i in ids.flatten().tolist() if i >= vocab_size or i < 0})
+            raise ValueError(f"input ids {bad[:10]} are outside the model's vocabulary (0..{vocab_size - 1}): the "
+                             "tokenizer belongs to another model; use the tokenizer saved with these weights.")
         generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
         return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
 

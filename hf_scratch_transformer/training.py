@@ -23,6 +23,7 @@ import torch
 import transformers
 from accelerate import Accelerator
 from accelerate.utils import set_seed
+from datasets import Dataset, IterableDataset
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, GenerationConfig, HfArgumentParser, get_inverse_sqrt_schedule
 
@@ -48,6 +49,9 @@ CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 # (`TrainerState`), which it is not. Checkpoints written before the rename hold the same JSON under the old name.
 TRAINER_STATE = "run_state.json"
 LEGACY_TRAINER_STATE = "trainer_state.json"
+CHECKPOINT_COMPLETE = "checkpoint_complete.json"  # written last: names every file of the checkpoint and its size
+STREAM_SHUFFLE_BUFFER = 10_000  # examples in the shuffle buffer of a --streaming training split
+BATCH_TRACE_VARIABLE = "HF_SCRATCH_BATCH_TRACE"  # a directory: each process appends the batches it trained on
 
 
 class UsageError(Exception):
@@ -158,6 +162,11 @@ class TrainingArguments:
     resume_from_checkpoint: str | None = field(
         default=None, metadata={"help": "Checkpoint directory, or 'latest' for the newest one in output_dir."}
     )
+    overwrite_newer_checkpoints: bool = field(
+        default=False,
+        metadata={"help": "Resuming from an older checkpoint-N: move the newer checkpoints aside into "
+                  "output_dir/abandoned-after-N-<time>/ instead of refusing."},
+    )
     average_checkpoints: int = field(
         default=1, metadata={"help": "Final weights = average of the last K checkpoints (fairseq-style); 1: off."}
     )
@@ -194,33 +203,84 @@ class TrainingArguments:
 # ------------------------------------------------------------------------------------------------ argument checks
 
 
+CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
+
+
 def parse_arguments(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, TrainingArguments]:
-    """Command-line flags, or a single .json / .yaml file holding them."""
+    """Command-line flags, optionally after a .json / .yaml file holding flags: `train.py run.yaml --max_steps 5`.
+
+    The file's keys become flags placed before the command line's, so flags given on the command line override the
+    file, and every value goes through the same conversion as a flag (YAML's `1e-3`, read as a string, is a float;
+    the string "no" is a false boolean; a wrong type is named).
+    """
     parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
 
     def one_line_error(message: str):  # argparse would print the (long) usage, then exit
         raise UsageError(f"{message} (see --help)")
 
     parser.error = one_line_error
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 1 and argv[0].endswith((".json", ".yaml", ".yml")):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].endswith(CONFIG_SUFFIXES) and not argv[0].startswith("-"):
         path = Path(argv[0])
-        if not path.is_file():
-            raise UsageError(f"config file {path} does not exist")
+        file_flags = _config_file_flags(path, {action.dest for action in parser._actions})
         try:
-            if path.suffix == ".json":
-                return parser.parse_json_file(str(path), allow_extra_keys=False)
-            return parser.parse_yaml_file(str(path), allow_extra_keys=False)
-        except ValueError as error:
-            raise UsageError(f"{path}: {error}") from error
+            parser.parse_args_into_dataclasses(args=file_flags)
+        except (UsageError, ValueError) as error:
+            raise UsageError(f"config file {path}: {' '.join(str(error).split())}") from error
+        argv = file_flags + argv[1:]
     try:
         return parser.parse_args_into_dataclasses(args=argv)
     except ValueError as error:  # flags no dataclass knows
-        raise UsageError(f"{error} (see --help)") from error
+        raise UsageError(f"{' '.join(str(error).split())} (see --help)") from error
+
+
+def _config_file_flags(path: Path, known: set[str]) -> list[str]:
+    """The flags a JSON / YAML config file stands for; its problems named in one line."""
+    if path.is_dir():
+        raise UsageError(f"config file {path} is a directory: give a .json or .yaml file")
+    if not path.is_file():
+        raise UsageError(f"config file {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"config file {path} cannot be read as UTF-8 text ({error})") from error
+    try:
+        if path.suffix == ".json":
+            values = json.loads(text)
+        else:
+            import yaml
+
+            values = yaml.safe_load(text)
+    except Exception as error:  # noqa: BLE001  (json and yaml raise their own kinds)
+        reason = " ".join(str(error).split())[:300]
+        raise UsageError(f"config file {path} is not valid {path.suffix[1:].upper()}: {reason}") from error
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise UsageError(f"config file {path} must hold a mapping of flag names to values (like "
+                         f"`max_steps: 100`), not a {type(values).__name__}")
+    flags = []
+    for key, value in values.items():
+        if key not in known:
+            raise UsageError(f"config file {path}: unknown key {key!r} (see --help for the flag names)")
+        if value is None:
+            continue
+        if isinstance(value, (dict, list)):
+            raise UsageError(f"config file {path}: {key} must be a single value, not a {type(value).__name__} "
+                             f"({json.dumps(value)[:80]})")
+        flags += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return flags
 
 
 def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
-    """Refuse contradictory or impossible settings before any work is done."""
+    """Refuse contradictory or impossible settings, and an output directory holding another run, before any work."""
+    check_values(model_args, data_args, args)
+    check_output_dir(args)
+
+
+def check_values(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
+    """Refuse contradictory or impossible settings before any work is done (touches no file)."""
+    _check_ranges(model_args, data_args, args)
     if model_args.preset is not None and model_args.preset not in PRESETS:
         raise UsageError(f"unknown --preset {model_args.preset!r}: choose one of {', '.join(PRESETS)}")
     model_args.build_config(vocab_size=data_args.tokenizer_vocab_size)  # sizes that contradict fail before any work
@@ -243,8 +303,8 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: 
                  "num_beams", "logging_steps", "average_checkpoints"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.learning_rate <= 0:
-        raise UsageError(f"--learning_rate must be positive, got {args.learning_rate}")
+    if data_args.streaming and args.max_steps <= 0:
+        raise UsageError("--streaming reads a corpus of unknown length, so epochs cannot be counted: give --max_steps N")
     longest = max(data_args.max_source_length, data_args.max_target_length)
     if data_args.max_tokens and data_args.max_tokens < longest:
         raise UsageError(
@@ -260,8 +320,14 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: 
     output_dir = Path(args.output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise UsageError(f"--output_dir {output_dir} is a file, not a directory")
-    # Staging folders left by a run that stopped during setup hold nothing to lose.
-    kept = [path for path in output_dir.iterdir() if not path.name.startswith((".tokenizer", ".staging-"))] \
+
+
+def check_output_dir(args: TrainingArguments) -> None:
+    """A non-empty output directory is only reused on request."""
+    output_dir = Path(args.output_dir)
+    # Staging folders left by a run that stopped during setup hold nothing to lose; the lock is this run's.
+    kept = [path for path in output_dir.iterdir()
+            if not path.name.startswith((".tokenizer", ".staging-")) and path.name != LOCK_FILE] \
         if output_dir.is_dir() else []
     if kept and args.do_train and not args.overwrite_output_dir and not args.resume_from_checkpoint:
         raise UsageError(
@@ -270,7 +336,175 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: 
         )
 
 
+# (flag, value, lowest, highest, lowest allowed?, highest allowed?): each value must be a finite number in range.
+def _numeric_rules(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> list:
+    inf = math.inf
+    rules = [
+        ("learning_rate", args.learning_rate, 0, inf, False, True),
+        ("warmup_steps", args.warmup_steps, 0, inf, True, True),
+        ("adam_beta1", args.adam_beta1, 0, 1, True, False),
+        ("adam_beta2", args.adam_beta2, 0, 1, True, False),
+        ("adam_epsilon", args.adam_epsilon, 0, inf, False, True),
+        ("weight_decay", args.weight_decay, 0, inf, True, True),
+        ("label_smoothing_factor", args.label_smoothing_factor, 0, 1, True, False),
+        ("max_grad_norm", args.max_grad_norm, 0, inf, True, True),
+        ("eval_steps", args.eval_steps, 0, inf, True, True),
+        ("save_steps", args.save_steps, 0, inf, True, True),
+        ("save_total_limit", args.save_total_limit, 1, inf, True, True),
+        ("cpu_threads", args.cpu_threads, 0, inf, True, True),
+        ("dataloader_num_workers", args.dataloader_num_workers, 0, inf, True, True),
+        ("eval_max_new_tokens", args.eval_max_new_tokens, 1, inf, True, True),
+        ("dropout", model_args.dropout, 0, 1, True, False),
+        ("attention_dropout", model_args.attention_dropout, 0, 1, True, False),
+        ("activation_dropout", model_args.activation_dropout, 0, 1, True, False),
+        ("max_position_embeddings", model_args.max_position_embeddings, 2, inf, True, True),
+        ("max_source_length", data_args.max_source_length, 2, inf, True, True),
+        ("max_target_length", data_args.max_target_length, 2, inf, True, True),
+        ("validation_split_percentage", data_args.validation_split_percentage, 0, 100, False, False),
+        ("max_length_ratio", data_args.max_length_ratio, 1, inf, True, True),
+        ("tokenizer_vocab_size", data_args.tokenizer_vocab_size, 260, inf, True, True),
+    ]
+    optional = [("max_train_samples", data_args.max_train_samples, 1), ("max_eval_samples", data_args.max_eval_samples, 1),
+                ("max_predict_samples", data_args.max_predict_samples, 1),
+                ("preprocessing_num_workers", data_args.preprocessing_num_workers, 1),
+                ("tokenizer_max_sentences", data_args.tokenizer_max_sentences, 1),
+                ("max_tokens", data_args.max_tokens, 0)]
+    rules += [(name, value, low, inf, True, True) for name, value, low in optional if value is not None]
+    if args.max_steps <= 0:  # the epochs decide the length of the run
+        rules.append(("num_train_epochs", args.num_train_epochs, 0, inf, False, True))
+    return rules
+
+
+def _check_ranges(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
+    for name, value, low, high, low_ok, high_ok in _numeric_rules(model_args, data_args, args):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--{name} must be a finite number, got {value}")
+        if value < low or (value == low and not low_ok) or value > high or (value == high and not high_ok):
+            upper = "∞)" if high == math.inf else f"{high}{']' if high_ok else ')'}"
+            interval = f"{'[' if low_ok else '('}{low}, {upper}"
+            hint = " (or give --max_steps N)" if name == "num_train_epochs" else ""
+            raise UsageError(f"--{name} must be in {interval}, got {value}: give a value in that range{hint}")
+
+
+# ------------------------------------------------------------------------------------------------------ the lock
+
+LOCK_FILE = ".train.lock"
+
+
+class OutputDirLock:
+    """`<output_dir>/.train.lock`, created exclusively by the main process and holding its pid and hostname, so that
+    a second run into the same directory is refused. A lock whose process is gone (same host, dead pid) is stale
+    and taken over. Creating it is also the check that the directory is writable."""
+
+    def __init__(self, output_dir: Path):
+        self.path = Path(output_dir) / LOCK_FILE
+        self.owner = {"pid": os.getpid(), "hostname": platform.node()}
+        self.held = False
+
+    def acquire(self) -> None:
+        directory = self.path.parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            for _ in range(2):
+                try:
+                    with open(self.path, "x", encoding="utf-8") as handle:
+                        handle.write(json.dumps(self.owner))
+                    self.held = True
+                    return
+                except FileExistsError:
+                    holder = self._holder()
+                    if holder is not None and not self._is_stale(holder):
+                        raise UsageError(
+                            f"output directory {directory} is in use by another run (pid {holder.get('pid')} on "
+                            f"{holder.get('hostname')}, lock {self.path}): wait for it to end or choose another "
+                            f"--output_dir; delete the lock only if that run is gone") from None
+                    logger.warning(f"removing the stale lock {self.path} of a run that is gone ({holder})")
+                    self.path.unlink(missing_ok=True)
+        except OSError as error:
+            raise UsageError(f"output directory {directory} is not writable ({type(error).__name__}: "
+                             f"{error.strerror or error}): fix its permissions or free space, or choose another "
+                             f"--output_dir") from error
+        raise UsageError(f"could not take the lock {self.path}: another run keeps recreating it; choose another "
+                         f"--output_dir")
+
+    def _holder(self) -> dict | None:
+        try:
+            holder = json.loads(self.path.read_text(encoding="utf-8"))
+            return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) else None
+        except (OSError, ValueError):
+            return None  # unreadable or half-written: treated as stale
+
+    def _is_stale(self, holder: dict) -> bool:
+        if holder.get("hostname") != platform.node():
+            return False  # another machine's process cannot be checked from here
+        try:
+            os.kill(holder["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # alive, another user's
+        return False
+
+    def release(self) -> None:
+        if self.held and self._holder() == self.owner:
+            self.path.unlink(missing_ok=True)
+        self.held = False
+
+
+# ------------------------------------------------------------------------------------------------------- launching
+
+WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def launched_world_size() -> int:
+    """How many processes the launcher started; refuses launches that would not give them (or FSDP on CPU).
+
+    accelerate 1.15 starts several processes through torchrun (`--multi_gpu`, or `distributed_type: MULTI_GPU`),
+    which also works without GPUs (gloo). `--cpu --num_processes N` and `distributed_type: MULTI_CPU` go to its
+    "simple" launcher instead, which starts ONE process and expects mpirun to start the others.
+    """
+    world_size = next((int(os.environ[name]) for name in WORLD_SIZE_VARIABLES if os.environ.get(name)), 1)
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
+        raise UsageError(
+            "FSDP is not supported by train.py: validation, test decoding and saving run on the main process and "
+            "need the whole model, which FSDP shards; use DDP instead (configs/accelerate/multi_gpu.yaml on GPUs, "
+            "configs/accelerate/cpu_2proc.yaml on CPUs)")
+    cpu_launch = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+    if world_size == 1 and cpu_launch and os.environ.get("MASTER_PORT") and "LOCAL_RANK" not in os.environ:
+        raise UsageError(
+            "`accelerate launch --cpu --num_processes N` (and distributed_type: MULTI_CPU) starts only one process "
+            "in accelerate 1.15 unless mpirun starts the others: use `accelerate launch --multi_gpu --num_processes "
+            "N --num_machines 1 train.py ...` (gloo on CPUs) or --config_file configs/accelerate/cpu_2proc.yaml")
+    return world_size
+
+
 # ------------------------------------------------------------------------------------------------------ checkpoints
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why `path` is not a complete checkpoint, or None: the completion marker, written last, must be there and
+    every file it lists must exist with the size it records."""
+    try:
+        listed = json.loads((path / CHECKPOINT_COMPLETE).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        if _is_legacy_checkpoint(path):
+            return None
+        return f"no {CHECKPOINT_COMPLETE}, which is written last, once every file is in place"
+    for name, size in listed.items():
+        file = path / name
+        if not file.is_file() or file.stat().st_size != size:
+            return f"{name} is missing or has another size than when it was written"
+    return None
+
+
+def _is_legacy_checkpoint(path: Path) -> bool:
+    """A checkpoint written before completion markers existed (one process; its run state, written last, has no
+    `world_size`): complete as far as can be told, so that runs started with the previous version can resume."""
+    try:
+        state = json.loads(run_state_file(path).read_text())
+    except (AttributeError, OSError, ValueError):  # AttributeError: no run state at all
+        return False
+    return isinstance(state, dict) and "global_step" in state and "world_size" not in state
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:
@@ -278,7 +512,7 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
     if not output_dir.is_dir():
         return []
     found = [(int(m.group(1)), path) for path in output_dir.iterdir()
-             if path.is_dir() and (m := CHECKPOINT_PATTERN.match(path.name)) and run_state_file(path) is not None]
+             if path.is_dir() and (m := CHECKPOINT_PATTERN.match(path.name)) and checkpoint_problem(path) is None]
     return [path for _, path in sorted(found)]
 
 
@@ -298,8 +532,10 @@ def resolve_checkpoint(value: str, output_dir: Path) -> Path:
             raise UsageError(f"--resume_from_checkpoint latest: no complete checkpoint in {output_dir}")
         return checkpoints[-1]
     path = Path(value)
-    if run_state_file(path) is None:
-        raise UsageError(f"--resume_from_checkpoint {path}: not a complete checkpoint (no {TRAINER_STATE})")
+    problem = checkpoint_problem(path) if path.is_dir() else "not a directory"
+    if problem:
+        raise UsageError(f"--resume_from_checkpoint {path}: not a complete checkpoint ({problem}); resume from "
+                         f"another checkpoint-N or with 'latest'")
     return path
 
 
@@ -347,6 +583,16 @@ class RunState:
     train_seconds: float = 0.0
     history: list = field(default_factory=list)
     scheduler: dict = field(default_factory=dict)
+    world_size: int = 1  # processes that trained: batches_done_in_epoch counts the batches of each of them
+    settings: dict = field(default_factory=dict)  # RESUME_SETTINGS as the run started: a resume must not change them
+
+
+# What a resumed run must keep: the schedule (restored from the checkpoint) and the batch order and position.
+RESUME_SETTINGS = {"args": ("learning_rate", "warmup_steps", "seed", "per_device_train_batch_size",
+                            "gradient_accumulation_steps"),
+                   "data_args": ("dataset_name", "dataset_config_name", "train_file", "max_train_samples", "streaming",
+                                 "source_lang", "target_lang", "max_source_length", "max_target_length",
+                                 "max_length_ratio", "max_tokens")}
 
 
 # ------------------------------------------------------------------------------------------------------- the run
@@ -364,20 +610,32 @@ class Run:
         self.last_checkpoint: Path | None = None
         self.state = RunState()
         self.started = time.time()
+        self.lock = OutputDirLock(self.output_dir)
 
     # -- setup ---------------------------------------------------------------------------------------------------
 
     def setup(self) -> None:
         args, data_args = self.args, self.data_args
-        check_arguments(self.model_args, data_args, args)
+        check_values(self.model_args, data_args, args)
         _quiet_libraries(args.verbose)
+        if int(os.environ.get("RANK", "0")) == 0:  # the main process, before Accelerate starts
+            self.lock.acquire()
+        check_output_dir(args)
         trackers = [name.strip() for name in args.report_to.split(",") if name.strip() not in ("", "none")]
+        world_size = launched_world_size()
         self.accelerator = Accelerator(
             gradient_accumulation_steps=args.gradient_accumulation_steps,
             mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
             log_with=trackers or None,
             project_dir=str(self.output_dir),
+            # torchrun-style launch on a machine without GPUs: one CPU process per rank over gloo (MULTI_CPU).
+            cpu=world_size > 1 and not torch.cuda.is_available(),
         )
+        if self.accelerator.num_processes != world_size:
+            raise UsageError(
+                f"{world_size} processes were launched but Accelerate joined {self.accelerator.num_processes} of "
+                f"them: they would race in one --output_dir; launch with `accelerate launch --multi_gpu "
+                f"--num_processes {world_size} --num_machines 1` (see README, Several processes)")
         self.is_main = self.accelerator.is_main_process
         if self.accelerator.device.type == "cpu":
             # `accelerate launch` without --cpu sets OMP_NUM_THREADS=1, which would leave all but one core idle.
@@ -386,6 +644,7 @@ class Run:
         self.checkpoint = None
         if args.resume_from_checkpoint:
             self.checkpoint = resolve_checkpoint(args.resume_from_checkpoint, self.output_dir)
+            self._set_newer_checkpoints_aside()
         elif args.overwrite_output_dir and self.is_main:
             for old in self.output_dir.glob("checkpoint-*"):
                 shutil.rmtree(old)
@@ -410,7 +669,12 @@ class Run:
             self.datasets, self.filter_report = preprocess_corpus(raw, self.tokenizer, data_args)
         logger.info("tokenised and filtered in %.1f s: %s", time.time() - started, "; ".join(
             f"{split} {report['kept']} of {report['input']} pairs kept" for split, report in self.filter_report.items()))
-        if args.do_train and len(self.datasets["train"]) == 0:
+        if data_args.streaming:
+            # Validation and test are read once and kept in memory (bounded by --max_eval/predict_samples);
+            # only the training split streams.
+            self.datasets = {name: split if name == "train" else Dataset.from_list(list(split))
+                             for name, split in self.datasets.items()}
+        if args.do_train and not _has_examples(self.datasets["train"]):
             raise UsageError(f"every training pair was filtered out ({self.filter_report['train']}): check the "
                              f"language keys and --max_source_length/--max_target_length/--max_length_ratio")
         for split, report in self.filter_report.items():
@@ -443,13 +707,20 @@ class Run:
         self.scheduler = get_inverse_sqrt_schedule(optimizer, num_warmup_steps=args.warmup_steps)
         self.train_model = torch.compile(self.model) if args.torch_compile else self.model
         self.train_model, self.optimizer = self.accelerator.prepare(self.train_model, optimizer)
-        self.sampler = make_batch_sampler(
-            self.datasets["train"], data_args, args.per_device_train_batch_size, shuffle=True, seed=args.seed,
-            num_replicas=self.accelerator.num_processes, rank=self.accelerator.process_index,
-        )
-        self.batches_per_epoch = len(self.sampler)
-        steps_per_epoch = math.ceil(self.batches_per_epoch / args.gradient_accumulation_steps)
-        self.total_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
+        if data_args.streaming:  # length unknown: check_arguments asked for --max_steps
+            self.sampler, self.batches_per_epoch, self.total_steps = None, 0, args.max_steps
+        else:
+            self.sampler = make_batch_sampler(
+                self.datasets["train"], data_args, args.per_device_train_batch_size, shuffle=True, seed=args.seed,
+                num_replicas=self.accelerator.num_processes, rank=self.accelerator.process_index,
+            )
+            self.batches_per_epoch = len(self.sampler)
+            steps_per_epoch = math.ceil(self.batches_per_epoch / args.gradient_accumulation_steps)
+            self.total_steps = (args.max_steps if args.max_steps > 0
+                                else math.ceil(args.num_train_epochs * steps_per_epoch))
+        trace = os.environ.get(BATCH_TRACE_VARIABLE)
+        self.trace = (open(Path(trace) / f"rank-{self.accelerator.process_index}.jsonl", "a", encoding="utf-8")
+                      if trace else None)
         if self.checkpoint is not None:
             self._load_checkpoint(self.checkpoint)
         if trackers:
@@ -471,6 +742,31 @@ class Run:
         logger.info(f"starting from {name}: {model.num_parameters() / 1e6:.1f} M parameters, its tokenizer "
                     f"({len(tokenizer)} tokens; --tokenizer_vocab_size is not used)")
         return model, tokenizer
+
+    def _set_newer_checkpoints_aside(self) -> None:
+        """Resuming from checkpoint-N while checkpoint-M (M > N) exist: the resumed run would overwrite them and
+        rotation would delete its own new checkpoints, so it is refused unless --overwrite_newer_checkpoints,
+        which moves them into abandoned-after-N-<time>/ (where `latest` no longer sees them)."""
+        match = CHECKPOINT_PATTERN.match(self.checkpoint.name)
+        step = int(match.group(1)) if match else json.loads(run_state_file(self.checkpoint).read_text())["global_step"]
+        newer = [path for path in self.output_dir.glob("checkpoint-*")
+                 if (m := CHECKPOINT_PATTERN.match(path.name)) and int(m.group(1)) > step and path.is_dir()]
+        newer.sort(key=lambda path: int(CHECKPOINT_PATTERN.match(path.name).group(1)))
+        if not newer:
+            return
+        names = ", ".join(path.name + ("" if checkpoint_problem(path) is None else " (incomplete)") for path in newer)
+        if not self.args.overwrite_newer_checkpoints:
+            raise UsageError(
+                f"resuming from {self.checkpoint} (step {step}) while {self.output_dir} holds newer checkpoints "
+                f"({names}): resume from the newest with --resume_from_checkpoint latest, or add "
+                f"--overwrite_newer_checkpoints to move them aside into {self.output_dir}/abandoned-after-{step}-<time>/")
+        aside = self.output_dir / f"abandoned-after-{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if self.is_main:
+            aside.mkdir()
+            for path in newer:
+                os.replace(path, aside / path.name)
+            logger.warning(f"moved the newer checkpoints {names} aside into {aside}")
+        self.accelerator.wait_for_everyone()
 
     def _tokenizer(self, raw):
         """Trained on the training split (main process), the one of --model_name_or_path, or the one a resumed
@@ -517,6 +813,9 @@ class Run:
                 self._progress.close()
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
+            if self.trace is not None:
+                self.trace.close()
+                self.trace = None
 
     def _train_loop(self, accelerator: Accelerator, device: torch.device) -> None:
         args, state = self.args, self.state
@@ -524,12 +823,9 @@ class Run:
         window_loss, window_batches, window_tokens, window_start = 0.0, 0, 0, time.time()
         self.train_model.train()
         while state.global_step < self.total_steps:
-            self.sampler.set_epoch(state.epoch)
-            batches = list(self.sampler)[state.batches_done_in_epoch :]
-            # A private generator: creating the loader must not draw from the global RNG (exact resumption).
-            loader = DataLoader(self.datasets["train"], batch_sampler=batches, collate_fn=self.collator,
-                                num_workers=args.dataloader_num_workers, generator=torch.Generator())
-            for batch in loader:
+            trained_in_pass = 0
+            for indices, batch in self._epoch_batches(state.epoch, state.batches_done_in_epoch):
+                trained_in_pass += 1
                 batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
                 with accelerator.accumulate(self.train_model):
                     loss = self._loss(batch)
@@ -542,6 +838,11 @@ class Run:
                     self.optimizer.zero_grad(set_to_none=True)
                 state.batches_done_in_epoch += 1
                 tokens = int(batch["attention_mask"].sum()) + int((batch["labels"] != -100).sum())
+                if self.trace is not None:
+                    self.trace.write(json.dumps({"rank": accelerator.process_index, "world_size": accelerator.num_processes,
+                                                 "epoch": state.epoch, "step": state.global_step + 1,
+                                                 "indices": indices, "tokens": tokens}) + "\n")
+                    self.trace.flush()
                 window_loss, window_batches, window_tokens = window_loss + loss.item(), window_batches + 1, window_tokens + tokens
                 if not accelerator.sync_gradients:
                     continue
@@ -553,30 +854,94 @@ class Run:
                     total_tokens = int(accelerator.reduce(torch.tensor(window_tokens, device=device), "sum"))
                     state.train_tokens += total_tokens
                     state.train_seconds += seconds
-                    row = {"step": state.global_step, "epoch": round(state.epoch + state.batches_done_in_epoch
-                                                                     / max(self.batches_per_epoch, 1), 3),
+                    row = {"step": state.global_step, "epoch": self._epoch_fraction(),
                            "train_loss": round(window_loss / window_batches, 4),
                            "learning_rate": self.scheduler.get_last_lr()[0],
                            "tokens_per_second": round(total_tokens / max(seconds, 1e-9), 1)}
                     self._log(row)
                     progress.set_postfix(loss=row["train_loss"], tok_s=row["tokens_per_second"])
                     window_loss, window_batches, window_tokens, window_start = 0.0, 0, 0, time.time()
+                # The window's clock stops while validating or saving: tokens/s counts training time only.
                 if args.eval_steps and state.global_step % args.eval_steps == 0 and state.global_step < self.total_steps:
+                    paused = time.time()
                     self.validate()
-                    window_start = time.time()
+                    window_start += time.time() - paused
                 if args.save_steps and state.global_step % args.save_steps == 0:
+                    paused = time.time()
                     self.save_checkpoint()
-                    window_start = time.time()
+                    window_start += time.time() - paused
                 if self.stop_signal is not None:
                     self._stop_on_signal()
                 if state.global_step >= self.total_steps:
                     break
             else:
+                if trained_in_pass == 0 and state.batches_done_in_epoch == 0:
+                    raise UsageError(f"the training split gives no batch for each of the {accelerator.num_processes} "
+                                     f"process(es): give more training pairs or use fewer processes")
                 state.epoch += 1
                 state.batches_done_in_epoch = 0
         progress.close()
         if self.last_checkpoint is None or self.last_checkpoint.name != f"checkpoint-{state.global_step}":
             self.save_checkpoint()
+
+    def _epoch_fraction(self) -> float:
+        """Epochs done; with --streaming the length of an epoch is unknown, so only whole epochs count."""
+        fraction = self.state.batches_done_in_epoch / self.batches_per_epoch if self.batches_per_epoch else 0.0
+        return round(self.state.epoch + fraction, 3)
+
+    def _epoch_batches(self, epoch: int, done: int):
+        """(example indices, collated batch) of this process for the rest of epoch `epoch`, after the `done`
+        batches it already trained on; indices are positions in the (shuffled) stream with --streaming."""
+        if self.data_args.streaming:
+            yield from self._stream_batches(epoch, done)
+            return
+        self.sampler.set_epoch(epoch)
+        batches = list(self.sampler)[done:]
+        # A private generator: creating the loader must not draw from the global RNG (exact resumption).
+        loader = DataLoader(self.datasets["train"], batch_sampler=batches, collate_fn=self.collator,
+                            num_workers=self.args.dataloader_num_workers, generator=torch.Generator())
+        yield from zip(batches, loader)
+
+    def _stream_batches(self, epoch: int, done: int):
+        """Batches read from the streamed training split: every process reads the same seeded, shuffled stream and
+        forms the same batches (a token budget or a sentence count, in stream order); batch k goes to process
+        k % world_size. Only whole rounds (one batch per process) are trained, so every process takes the same
+        number of steps. Resuming re-reads the stream and skips the rounds already trained (`done` of them)."""
+        dataset = self.datasets["train"].shuffle(seed=self.args.seed, buffer_size=STREAM_SHUFFLE_BUFFER)
+        dataset.set_epoch(epoch)
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        budget = self.data_args.max_tokens
+        round_, batch, positions, longest = [], [], [], 0
+        rounds = 0
+
+        def close_batch():
+            nonlocal batch, positions, longest, rounds
+            round_.append((positions, batch))
+            batch, positions, longest = [], [], 0
+            if len(round_) == world:
+                rounds += 1
+                mine = round_[rank]
+                round_.clear()
+                if rounds > done:
+                    return mine
+            return None
+
+        for position, example in enumerate(dataset):
+            features = {key: example[key] for key in ("input_ids", "attention_mask", "labels")}
+            length = max(len(features["input_ids"]), len(features["labels"]))
+            full = ((len(batch) + 1) * max(longest, length) > budget) if budget else \
+                len(batch) >= self.args.per_device_train_batch_size
+            if batch and full:
+                mine = close_batch()
+                if mine is not None:
+                    yield mine[0], self.collator(mine[1])
+            batch.append(features)
+            positions.append(position)
+            longest = max(longest, length)
+        if batch:
+            mine = close_batch()
+            if mine is not None:
+                yield mine[0], self.collator(mine[1])
 
     def _loss(self, batch: dict) -> torch.Tensor:
         """Label-smoothed cross-entropy over the non-padding target tokens, teacher-forced."""
@@ -587,10 +952,13 @@ class Run:
 
     def _non_finite_message(self, value: float) -> str:
         kept = list_checkpoints(self.output_dir)
-        where = f"the last good checkpoint is {kept[-1]}" if kept else "no checkpoint had been written yet"
-        return (f"loss became {value} at step {self.state.global_step + 1}; stopped without saving this state, "
-                f"{where}. Lower --learning_rate, raise --warmup_steps or check the data, then resume with "
-                f"--resume_from_checkpoint latest")
+        if kept:
+            return (f"loss became {value} at step {self.state.global_step + 1}; stopped without saving this state, "
+                    f"the last good checkpoint is {kept[-1]}. Lower --learning_rate, raise --warmup_steps or check "
+                    f"the data, then resume with --resume_from_checkpoint latest")
+        return (f"loss became {value} at step {self.state.global_step + 1}; stopped, no checkpoint had been written "
+                f"yet. Lower --learning_rate, raise --warmup_steps or check the data, then start again with "
+                f"--overwrite_output_dir")
 
     def _install_signal_handlers(self) -> dict:
         """SIGINT/SIGTERM only set a flag: the loop saves a checkpoint after the current step and stops."""
@@ -636,7 +1004,12 @@ class Run:
             model.train(self.args.do_train)
             row = {"step": self.state.global_step, "eval_loss": round(loss, 4), "eval_bleu": scores["bleu"],
                    "eval_chrf": scores["chrf"], "eval_gen_len": scores["gen_len"]}
+            earlier = [r["eval_loss"] for r in self.state.history if "eval_loss" in r]
             self._log(row)
+            warning = divergence_warning(row, earlier, len(self.tokenizer), self.args.warmup_steps)
+            if warning:
+                self.divergence = warning
+                logger.warning(warning)
         self.accelerator.wait_for_everyone()
         return row
 
@@ -673,20 +1046,37 @@ class Run:
         step = self.state.global_step
         final = self.output_dir / f"checkpoint-{step}"
         staging = self.output_dir / f"checkpoint-{step}.tmp"
-        if self.is_main and staging.exists():
-            shutil.rmtree(staging)
-        self.accelerator.wait_for_everyone()
-        self.accelerator.save_state(str(staging), safe_serialization=True)
-        if self.is_main:
-            self.state.scheduler = self.scheduler.state_dict()
-            self.accelerator.unwrap_model(self.model).config.to_json_file(staging / "config.json")
-            self.tokenizer.save_pretrained(staging)
-            (staging / TRAINER_STATE).write_text(json.dumps(asdict(self.state), indent=1))
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(staging, final)
-            for old in list_checkpoints(self.output_dir)[: -self.args.save_total_limit]:
-                shutil.rmtree(old)
+        try:
+            if self.is_main and staging.exists():
+                shutil.rmtree(staging)
+            self.accelerator.wait_for_everyone()
+            self.accelerator.save_state(str(staging), safe_serialization=True)
+            self.accelerator.wait_for_everyone()  # every process's random states are written before the marker
+            if self.is_main:
+                self.state.scheduler = self.scheduler.state_dict()
+                self.state.world_size = self.accelerator.num_processes
+                self.state.settings = self.state.settings or self._settings()
+                self.accelerator.unwrap_model(self.model).config.to_json_file(staging / "config.json")
+                self.tokenizer.save_pretrained(staging)
+                (staging / TRAINER_STATE).write_text(json.dumps(asdict(self.state), indent=1))
+                files = {str(path.relative_to(staging)): path.stat().st_size
+                         for path in sorted(staging.rglob("*")) if path.is_file()}
+                (staging / CHECKPOINT_COMPLETE).write_text(json.dumps({"step": step, "files": files}, indent=1))
+                if final.exists():
+                    shutil.rmtree(final)
+                os.replace(staging, final)
+                for old in list_checkpoints(self.output_dir)[: -self.args.save_total_limit]:
+                    shutil.rmtree(old)
+        except OSError as error:  # disk full, permissions: the staging folder never counts as a checkpoint
+            if self.is_main:
+                shutil.rmtree(staging, ignore_errors=True)
+            kept = list_checkpoints(self.output_dir)
+            where = (f"the last complete checkpoint, {kept[-1]}, is unchanged; free space or fix permissions, then "
+                     f"resume with --resume_from_checkpoint latest" if kept else
+                     "no complete checkpoint was written before; free space or fix permissions, then start again "
+                     "with --overwrite_output_dir")
+            raise TrainingFault(f"could not write checkpoint-{step} in {self.output_dir} ({type(error).__name__}: "
+                                f"{error}); {where}") from error
         self.accelerator.wait_for_everyone()
         self.last_checkpoint = final
         if self.args.push_to_hub and self.args.hub_strategy in ("every_save", "checkpoint") and self.is_main:
@@ -696,10 +1086,14 @@ class Run:
     def _load_checkpoint(self, checkpoint: Path) -> None:
         """Weights from safetensors; optimiser and RNG states through Accelerate's `torch.load(weights_only=True)`."""
         try:
-            self.accelerator.load_state(str(checkpoint))
             saved = json.loads(run_state_file(checkpoint).read_text())
+            self._check_world_size(checkpoint, saved.get("world_size", 1))
+            self._check_same_settings(checkpoint, saved.get("settings") or {})
+            self.accelerator.load_state(str(checkpoint))
             self.state = RunState(**saved)
             self.scheduler.load_state_dict(self.state.scheduler)
+        except UsageError:
+            raise
         except Exception as error:  # noqa: BLE001  (safetensors, torch and json each raise their own)
             reason = " ".join(str(error).split())[:300]
             raise UsageError(
@@ -708,6 +1102,34 @@ class Run:
             ) from error
         self.last_checkpoint = checkpoint
         logger.info(f"resumed from {checkpoint} at step {self.state.global_step}")
+
+    def _settings(self) -> dict:
+        sources = {"args": self.args, "data_args": self.data_args}
+        return {name: getattr(sources[group], name) for group, names in RESUME_SETTINGS.items() for name in names}
+
+    def _check_same_settings(self, checkpoint: Path, saved: dict) -> None:
+        """The learning-rate schedule comes back from the checkpoint and the position in the data only means the
+        same thing over the same batches: changed values would silently not apply, so they are refused."""
+        current = self._settings()
+        changed = [f"--{name} {saved[name]!r} -> {current[name]!r}" for name in current
+                   if name in saved and saved[name] != current[name]]
+        if changed:
+            raise UsageError(
+                f"checkpoint {checkpoint} was trained with other settings ({'; '.join(changed)}): a resumed run keeps "
+                f"its schedule and batch order, so resume with the values it was started with, or start a new "
+                f"--output_dir to train with the new ones")
+
+    def _check_world_size(self, checkpoint: Path, saved: int) -> None:
+        """The position in the epoch counts batches of each of `saved` processes, and every process has its own
+        random state: another number of processes cannot continue the same batch order, so it is refused."""
+        current = self.accelerator.num_processes
+        if saved != current:
+            how = (f"`accelerate launch --multi_gpu --num_processes {saved} --num_machines 1 train.py ...`"
+                   if saved > 1 else "one process (`python train.py ...`)")
+            raise UsageError(
+                f"checkpoint {checkpoint} was written by {saved} process(es) and this run has {current}: the position "
+                f"in the data and the per-process random states only carry over to the same number; resume with "
+                f"{how} or start a new --output_dir")
 
     def average_last_checkpoints(self) -> None:
         """Replace the weights by the mean of the last K checkpoints' weights (fairseq's average_checkpoints)."""
@@ -815,8 +1237,11 @@ class Run:
             self.model_card_template, model_name=self.output_dir.name, source_lang=data_args.source_lang,
             target_lang=data_args.target_lang, dataset_name=dataset_name, results=rows,
             dataset_description=description, test_pairs=len(self.test_sources),
-            train_pairs=len(self.datasets["train"]), validation_pairs=len(self.eval_sources),
-            filter_summary=(f"{report['empty']} empty, {report['too_long']} over-long and {report['bad_ratio']} "
+            train_pairs="streamed" if data_args.streaming else len(self.datasets["train"]),
+            validation_pairs=len(self.eval_sources),
+            filter_summary=("streamed: empty, over-long and implausible-length-ratio pairs dropped as read"
+                            if report["input"] is None else
+                            f"{report['empty']} empty, {report['too_long']} over-long and {report['bad_ratio']} "
                             f"implausible-length-ratio pairs dropped of {report['input']}"),
             architecture=(f"{config.encoder_layers}+{config.decoder_layers} layers, d_model {config.d_model}, "
                           f"{config.encoder_attention_heads} heads, FFN {config.encoder_ffn_dim}, "
@@ -856,7 +1281,8 @@ class Run:
             api.create_repo(repo_id, private=self.args.hub_private_repo, exist_ok=True)
             commit = api.upload_folder(
                 repo_id=repo_id, folder_path=str(folder), path_in_repo=path_in_repo, commit_message=message,
-                ignore_patterns=["checkpoint-*", "checkpoint-*/**", ".staging-*", ".tokenizer/**", "runs/**"],
+                ignore_patterns=["checkpoint-*", "checkpoint-*/**", ".staging-*", ".tokenizer/**", "runs/**",
+                                 LOCK_FILE, "abandoned-after-*/**"],
             )
         except Exception as error:  # any failure of the network or the hub ends in the same advice
             raise TrainingFault(
@@ -918,6 +1344,26 @@ def _quiet_libraries(verbose: bool) -> None:
         logging.getLogger("accelerate.utils.other").addFilter(_DECLARED_TIES)
 
 
+def divergence_warning(row: dict, earlier_losses: list[float], vocab_size: int, warmup_steps: int) -> str | None:
+    """A finite divergence seen at validation: after warm-up, a loss half a nat above that of guessing every token
+    uniformly (ln V), or 50% and 1 nat above the best validation loss so far. None when the run looks healthy."""
+    loss, uniform = row["eval_loss"], math.log(vocab_size)
+    best = min(earlier_losses, default=math.inf)
+    if loss > uniform + 0.5 and row["step"] > warmup_steps:
+        why = f"above {uniform:.2f}, the loss of guessing uniformly among {vocab_size} tokens"
+    elif loss > 1.5 * best and loss > best + 1:
+        why = f"up from {best} at best"
+    else:
+        return None
+    return (f"training is diverging: validation loss {loss} at step {row['step']} is {why} (BLEU {row['eval_bleu']}); "
+            f"lower --learning_rate, raise --warmup_steps or use --normalize_before (pre-norm), then start again "
+            f"or resume from a checkpoint written before the loss rose")
+
+
+def _has_examples(split) -> bool:
+    return next(iter(split), None) is not None if isinstance(split, IterableDataset) else len(split) > 0
+
+
 def _table_cell(text: str, limit: int = 300) -> str:
     """Text safe inside a Markdown table cell."""
     text = " ".join(text.split()).replace("|", "\\|")
@@ -945,6 +1391,14 @@ def run_training(model_args: ModelArguments, data_args: DataArguments, args: Tra
     """Train (--do_train), evaluate (--do_eval), predict (--do_predict), save (and push); with no --do_* flag all
     three. Returns the figures written to all_results.json (run_translation.py's key names)."""
     run = Run(model_args, data_args, args, model_card_template)
+    try:
+        return _run_training(run)
+    finally:
+        run.lock.release()
+
+
+def _run_training(run: "Run") -> dict:
+    model_args, data_args, args = run.model_args, run.data_args, run.args
     run.setup()
     phases = {}
     if args.do_train:
@@ -958,14 +1412,14 @@ def run_training(model_args: ModelArguments, data_args: DataArguments, args: Tra
         weighted = sum((step - previous) * loss for (previous, _), (step, loss) in zip([(0, 0)] + losses, losses))
         phases["train"] = {
             "train_runtime": round(runtime, 2),
-            "train_samples": len(run.datasets["train"]),
+            "train_samples": None if data_args.streaming else len(run.datasets["train"]),
             "train_steps_per_second": round(steps / max(runtime, 1e-9), 3),
             "train_loss": round(weighted / losses[-1][0], 4) if losses else None,
-            "epoch": round(run.state.epoch + run.state.batches_done_in_epoch / max(run.batches_per_epoch, 1), 3),
+            "epoch": run._epoch_fraction(),
             "train_steps": steps,
             "train_tokens": run.state.train_tokens,
             "train_tokens_per_second": round(run.state.train_tokens / max(run.state.train_seconds, 1e-9), 1),
-            "train_padding_fraction": round(
+            "train_padding_fraction": None if data_args.streaming else round(
                 padding_fraction(list(run.sampler), *sequence_lengths(run.datasets["train"])), 4),
             "filtered": run.filter_report,
         }
@@ -984,6 +1438,8 @@ def run_training(model_args: ModelArguments, data_args: DataArguments, args: Tra
     if args.do_predict:
         phases["predict"] = run.test()
     results = {key: value for phase in phases.values() for key, value in phase.items()}
+    if getattr(run, "divergence", None):
+        results["divergence_warning"] = run.divergence
     results["total_runtime"] = round(time.time() - run.started, 1)
     if args.do_train:
         run.save_model(results, phases)

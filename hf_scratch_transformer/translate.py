@@ -93,6 +93,11 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"no config.json in {name}: is it a saved model directory?")
         _check_model_type(path / "config.json")
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise ModelLoadError(
+                f"no tokenizer in {name} (expected tokenizer.json): copy the tokenizer files saved with the model "
+                f"(tokenizer.json, tokenizer_config.json) into it"
+            )
         for weights in sorted(path.glob("*.safetensors")):
             problem = safetensors_problem(weights)
             if problem:
@@ -108,8 +113,8 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
         source = name  # perhaps a hub id
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-        model = AutoModelForSeq2SeqLM.from_pretrained(source, use_safetensors=True, trust_remote_code=False,
-                                                      **(config_overrides or {}))
+        model, info = AutoModelForSeq2SeqLM.from_pretrained(source, use_safetensors=True, trust_remote_code=False,
+                                                            output_loading_info=True, **(config_overrides or {}))
     except Exception as error:  # noqa: BLE001  (hub, network and format errors all end up here)
         reason = " ".join(str(error).split())[:300]
         if source is name and not path.exists():
@@ -117,16 +122,32 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
                 f"model not found: {name} is not a local directory and could not be loaded from the hub ({reason})"
             ) from error
         raise ModelLoadError(f"cannot load the model in {name}: {type(error).__name__}: {reason}") from error
+    missing = list(info.get("missing_keys") or [])
+    if missing:  # e.g. config.json naming another seq2seq type: its layers would start from random numbers
+        raise ModelLoadError(
+            f"the weights in {name} do not fit the {model.config.model_type!r} model its config.json describes "
+            f"({len(missing)} weight(s) missing, e.g. {missing[0]}): config.json belongs to another model; copy the "
+            f"config saved with these weights"
+        )
     vocab_size = getattr(model.config, "vocab_size", None)
     if vocab_size is not None and len(tokenizer) > vocab_size:
         raise ModelLoadError(
             f"the tokenizer in {name} has {len(tokenizer)} tokens but the model only {vocab_size} embeddings: the "
             f"tokenizer files belong to another model; copy the tokenizer saved with these weights"
         )
+    if vocab_size is not None and model.config.model_type == "scratch_transformer" and len(tokenizer) != vocab_size:
+        raise ModelLoadError(
+            f"the tokenizer in {name} has {len(tokenizer)} tokens but the model {vocab_size} embeddings (train.py "
+            f"saves them equal): the tokenizer files belong to another model; copy the tokenizer saved with these "
+            f"weights"
+        )
     if device is not None:
         model.to(device)
     model.eval()
     return model, tokenizer
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "sentencepiece.bpe.model", "spiece.model")
 
 
 def _check_model_type(config_file: Path) -> None:
@@ -260,6 +281,8 @@ def generate_ids(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if num_beams is not None and num_beams < 1:
+        raise ValueError(f"num_beams must be at least 1, got {num_beams}: use 1 for greedy decoding")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     results: list[list[int] | None] = [None] * len(texts)
     todo = [i for i, text in enumerate(texts) if text.strip()]
@@ -267,6 +290,11 @@ def generate_ids(
         return results
     max_length = _max_source_length(model, tokenizer)
     encoded = tokenizer([texts[i] for i in todo], verbose=False)["input_ids"]
+    vocab_size = getattr(model.config, "vocab_size", None)
+    outside = sorted({token for ids in encoded for token in ids if vocab_size is not None and token >= vocab_size})
+    if outside:
+        raise ValueError(f"input ids {outside[:10]} are outside the model's vocabulary (0..{vocab_size - 1}): the "
+                         f"tokenizer belongs to another model; use the tokenizer saved with these weights")
     lengths = dict(zip(todo, map(len, encoded)))
     too_long = [i for i in todo if lengths[i] > max_length]
     if too_long:

@@ -271,6 +271,24 @@ def test_resume_from_a_half_copied_checkpoint_is_refused(finished_run, tmp_path,
     shutil.copytree(finished_run, run_dir)
     weights = run_dir / "checkpoint-4" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
+    # the truncated checkpoint no longer counts as complete (its completion marker records the sizes) ...
+    message = fails_with(tiny_run_flags(run_dir, max_steps=6, resume_from_checkpoint=str(run_dir / "checkpoint-4")),
+                         capsys)
+    assert f"--resume_from_checkpoint {run_dir / 'checkpoint-4'}: not a complete checkpoint" in message
+    assert "model.safetensors is missing or has another size" in message
+    # ... so `latest` is checkpoint-2, and resuming from it would overwrite checkpoint-4: refused, both named
+    message = fails_with(tiny_run_flags(run_dir, max_steps=6, resume_from_checkpoint="latest"), capsys)
+    assert f"resuming from {run_dir / 'checkpoint-2'} (step 2)" in message
+    assert "checkpoint-4 (incomplete)" in message and "--overwrite_newer_checkpoints" in message
+
+
+def test_resume_from_a_corrupted_checkpoint_is_refused(finished_run, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    weights = run_dir / "checkpoint-4" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[8:16] = b"\xff" * 8  # same size, broken header
+    weights.write_bytes(bytes(data))
     message = fails_with(tiny_run_flags(run_dir, max_steps=6, resume_from_checkpoint="latest"), capsys)
     assert f"checkpoint {run_dir / 'checkpoint-4'} cannot be loaded" in message
     assert "incomplete or corrupted; resume from an earlier checkpoint-N" in message
