@@ -312,8 +312,7 @@ def test_lora_recipe_adapts_every_attention_projection(trained_model):  # noqa: 
     import peft
 
     model, tokenizer, _ = trained_model
-    lora = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=4, lora_alpha=8, target_modules=LORA_ATTENTION,
-                                                                      fan_in_fan_out=True))
+    lora = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=4, lora_alpha=8, target_modules=LORA_ATTENTION))
     adapted = {re.search(r"((?:en|de)coder\.layers\..*)\.lora_A", name).group(1) for name, p in lora.named_parameters()
                if p.requires_grad and ".lora_A" in name}
     attention = {"encoder": {"self_attn": ("qkv_proj", "out_proj")},
@@ -355,8 +354,7 @@ def test_the_common_q_v_recipe_misses_most_of_the_attention(trained_model):  # n
     import peft
 
     model, _, _ = trained_model
-    lora = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"],
-                                                                      fan_in_fan_out=True))
+    lora = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
     adapted = {name.split(".lora_A")[0] for name, _ in lora.named_parameters() if ".lora_A" in name}
     assert adapted and all(name.endswith("cross_attn.q_proj") for name in adapted)
 
