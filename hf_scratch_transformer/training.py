@@ -377,6 +377,8 @@ def _numeric_rules(model_args: ModelArguments, data_args: DataArguments, args: T
 
 def _check_ranges(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
     for name, value, low, high, low_ok, high_ok in _numeric_rules(model_args, data_args, args):
+        if value is None:  # not given: the preset's (or the --model_name_or_path model's) value, checked by its config
+            continue
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"--{name} must be a finite number, got {value}")
         if value < low or (value == low and not low_ok) or value > high or (value == high and not high_ok):
