@@ -346,13 +346,13 @@ def _nothing(run: Path) -> None:
 
 
 def _world_size_two(run: Path) -> None:
-    state_file = run / "checkpoint-4" / "trainer_state.json"
+    state_file = run / "checkpoint-4" / "run_state.json"
     state = json.loads(state_file.read_text())
     state["world_size"] = 2
     state_file.write_text(json.dumps(state))
     marker = run / "checkpoint-4" / "checkpoint_complete.json"
     listed = json.loads(marker.read_text())
-    listed["files"]["trainer_state.json"] = state_file.stat().st_size
+    listed["files"]["run_state.json"] = state_file.stat().st_size
     marker.write_text(json.dumps(listed))
 
 

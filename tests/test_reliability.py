@@ -4,6 +4,7 @@ The 2-process tests start `accelerate launch` with 2 CPU processes (gloo) and co
 one records (HF_SCRATCH_BATCH_TRACE): they fail if only one process trains or if two ranks see the same batch.
 """
 
+import itertools
 import json
 import os
 import platform
@@ -102,9 +103,9 @@ def test_two_cpu_processes_train_on_disjoint_batches(tmp_path):
     assert "2 process(es)" in (output_dir / "README.md").read_text()
     # each rank's random state is in the checkpoint, and the completion marker lists it
     marker = json.loads((output_dir / "checkpoint-4" / CHECKPOINT_COMPLETE).read_text())
-    assert {"random_states_0.pkl", "random_states_1.pkl", "model.safetensors", "trainer_state.json"} <= set(
+    assert {"random_states_0.pkl", "random_states_1.pkl", "model.safetensors", "run_state.json"} <= set(
         marker["files"])
-    assert json.loads((output_dir / "checkpoint-4" / "trainer_state.json").read_text())["world_size"] == 2
+    assert json.loads((output_dir / "checkpoint-4" / "run_state.json").read_text())["world_size"] == 2
     assert not (output_dir / LOCK_FILE).exists()
 
 
@@ -123,7 +124,7 @@ def test_two_cpu_processes_stream_disjoint_batches(two_process_stream):
     output_dir, trace = two_process_stream
     assert_two_ranks_on_disjoint_batches(trace, steps=4)
     assert json.loads((output_dir / "all_results.json").read_text())["train_steps"] == 4
-    assert json.loads((output_dir / "checkpoint-4" / "trainer_state.json").read_text())["world_size"] == 2
+    assert json.loads((output_dir / "checkpoint-4" / "run_state.json").read_text())["world_size"] == 2
 
 
 @pytest.mark.slow  # three 2-process launches; the 1-process resume below runs in every suite
@@ -151,7 +152,7 @@ def test_streaming_trains_checkpoints_and_resumes_exactly_in_one_process(tmp_pat
                  per_device_train_batch_size=8)  # 3 batches an epoch: the run crosses into a second one
     monkeypatch.setenv(BATCH_TRACE_VARIABLE, str(tmp_path))
     results = run(tmp_path / "straight", **flags)
-    assert results["train_steps"] == 6 and results["train_pairs"] is None
+    assert results["train_steps"] == 6 and results["train_samples"] is None
     straight_trace = [json.loads(line) for line in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
     (tmp_path / "rank-0.jsonl").unlink()
     run(tmp_path / "resumed", **{**flags, "max_steps": 3})
@@ -227,7 +228,7 @@ def test_resuming_an_older_checkpoint_moves_the_newer_ones_aside_when_asked(tmp_
     assert all(torch.equal(newer[name], value) for name, value in
                load_file(aside / "checkpoint-4" / "model.safetensors").items())  # kept as it was
     assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-4"]  # rotation kept
-    state = json.loads((tmp_path / "checkpoint-4" / "trainer_state.json").read_text())
+    state = json.loads((tmp_path / "checkpoint-4" / "run_state.json").read_text())
     assert state["global_step"] == 4
 
 
@@ -239,7 +240,7 @@ def test_a_checkpoint_counts_only_with_its_completion_marker_and_files(tmp_path)
     (tmp_path / "checkpoint-2" / CHECKPOINT_COMPLETE).unlink()  # no marker: not complete
     assert list_checkpoints(tmp_path) == []
     # ... unless written by the version before markers (its run state has no world_size): still resumable
-    state_file = tmp_path / "checkpoint-2" / "trainer_state.json"
+    state_file = tmp_path / "checkpoint-2" / "run_state.json"
     state = json.loads(state_file.read_text())
     del state["world_size"], state["settings"]
     state_file.write_text(json.dumps(state))
@@ -290,7 +291,7 @@ def test_tokens_per_second_counts_training_time_only(tmp_path, monkeypatch):
 
 
 def test_finite_divergence_is_reported_at_validation(tmp_path, monkeypatch, caplog):
-    losses = iter([3.0, 10.2])
+    losses = itertools.chain([3.0], itertools.repeat(10.2))  # step 2, then step 4 and the final evaluation
     monkeypatch.setattr(training, "evaluation_loss", lambda *args, **kwargs: next(losses))
     results = run(tmp_path, max_steps=4, eval_steps=2, save_steps=0, warmup_steps=1)
     assert "training is diverging: validation loss 10.2 at step 4" in results["divergence_warning"]

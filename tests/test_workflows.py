@@ -221,7 +221,10 @@ def test_run_state_has_its_own_name_and_old_checkpoints_still_resume(finetuned, 
     assert TRAINER_STATE != "trainer_state.json"
     old = tmp_path / "checkpoint-2"
     old.mkdir()
-    (old / LEGACY_TRAINER_STATE).write_text((checkpoint / TRAINER_STATE).read_text())
+    # a checkpoint of the version before the rename: no completion marker, and no world_size in its run state
+    state = json.loads((checkpoint / TRAINER_STATE).read_text())
+    del state["world_size"], state["settings"]
+    (old / LEGACY_TRAINER_STATE).write_text(json.dumps(state))
     assert resolve_checkpoint("latest", tmp_path) == old
 
 
