@@ -343,8 +343,30 @@ class ScratchTransformerPreTrainedModel(PreTrainedModel):
             shutil.copyfile(Path(__file__).with_name("pipeline_translation.py"), target)
 
 
-class ScratchEncoder(ScratchTransformerPreTrainedModel):
-    """Embeddings (§3.4, §3.5) followed by N encoder layers (and a final LayerNorm in pre-norm)."""
+class TransformerStack(ScratchTransformerPreTrainedModel):
+    """What encoder and decoder share: token embeddings × √D plus positions, dropout (§3.4, §3.5), N layers, and a
+    final LayerNorm in pre-norm."""
+
+    def __init__(self, config: ScratchTransformerConfig, layer_class: type[nn.Module], num_layers: int):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.embed_positions = SinusoidalPositionalEncoding(config.max_position_embeddings, config.d_model)
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.dropout = config.dropout
+        self.layers = nn.ModuleList(layer_class(config, i) for i in range(num_layers))
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
+
+    def embed(self, inputs_embeds: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
+        """Token embeddings (B, L, D) × √D + the encodings of positions offset .. offset + L - 1, dropout."""
+        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(inputs_embeds.shape[1], offset)
+        return F.dropout(hidden_states, p=self.dropout, training=self.training)
+
+    def final_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.layer_norm(hidden_states) if self.layer_norm is not None else hidden_states
+
+
+class ScratchEncoder(TransformerStack):
+    """Embeddings followed by N encoder layers (and a final LayerNorm in pre-norm)."""
 
     _can_record_outputs = {
         "hidden_states": ScratchEncoderLayer,
@@ -352,13 +374,7 @@ class ScratchEncoder(ScratchTransformerPreTrainedModel):
     }
 
     def __init__(self, config: ScratchTransformerConfig):
-        super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-        self.embed_positions = SinusoidalPositionalEncoding(config.max_position_embeddings, config.d_model)
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.dropout = config.dropout
-        self.layers = nn.ModuleList(ScratchEncoderLayer(config, i) for i in range(config.encoder_layers))
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
+        super().__init__(config, ScratchEncoderLayer, config.encoder_layers)
         self.post_init()
 
     @merge_with_config_defaults
@@ -375,19 +391,16 @@ class ScratchEncoder(ScratchTransformerPreTrainedModel):
             raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds` to the encoder.")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(inputs_embeds.shape[1])
-        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.embed(inputs_embeds)
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
         )
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask, **kwargs)
-        if self.layer_norm is not None:
-            hidden_states = self.layer_norm(hidden_states)
-        return BaseModelOutput(last_hidden_state=hidden_states)
+        return BaseModelOutput(last_hidden_state=self.final_norm(hidden_states))
 
 
-class ScratchDecoder(ScratchTransformerPreTrainedModel):
+class ScratchDecoder(TransformerStack):
     """Embeddings (offset by the cached length) followed by N decoder layers (and a final LayerNorm in pre-norm)."""
 
     _can_record_outputs = {
@@ -397,13 +410,7 @@ class ScratchDecoder(ScratchTransformerPreTrainedModel):
     }
 
     def __init__(self, config: ScratchTransformerConfig):
-        super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-        self.embed_positions = SinusoidalPositionalEncoding(config.max_position_embeddings, config.d_model)
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.dropout = config.dropout
-        self.layers = nn.ModuleList(ScratchDecoderLayer(config, i) for i in range(config.decoder_layers))
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
+        super().__init__(config, ScratchDecoderLayer, config.decoder_layers)
         self.post_init()
 
     @merge_with_config_defaults
@@ -430,10 +437,8 @@ class ScratchDecoder(ScratchTransformerPreTrainedModel):
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        length = inputs_embeds.shape[1]
 
-        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(length, offset=past_length)
-        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.embed(inputs_embeds, offset=past_length)
         self_attention_cache = (
             past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else past_key_values
         )
@@ -454,10 +459,8 @@ class ScratchDecoder(ScratchTransformerPreTrainedModel):
                 past_key_values=past_key_values if use_cache else None,
                 **kwargs,
             )
-        if self.layer_norm is not None:
-            hidden_states = self.layer_norm(hidden_states)
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, past_key_values=past_key_values if use_cache else None
+            last_hidden_state=self.final_norm(hidden_states), past_key_values=past_key_values if use_cache else None
         )
 
 
