@@ -233,15 +233,11 @@ def _draw(model, tokenizer, text: str, ids: list[int], path: Path) -> None:
 
     title = text if len(text) <= 90 else text[:87] + "..."
     try:
-        attention = plotting.cross_attention_matrices(model, tokenizer, text, ids)
-    except TypeError as error:
-        raise CLIError(f"this model cannot return attention weights ({error})") from None
-    source_ids = tokenizer(text, truncation=True)["input_ids"][: attention.shape[-1]]
-    try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Glyph .* missing from font")  # CJK, emoji: drawn as boxes
-            plotting.plot_attention(attention, plotting.token_labels(tokenizer, source_ids),
-                                    plotting.token_labels(tokenizer, ids), path, title=title)
+            plotting.plot_translation_attention(model, tokenizer, text, ids, path, title=title)
+    except TypeError as error:
+        raise CLIError(f"this model cannot return attention weights ({error})") from None
     except OSError as error:
         raise CLIError(f"cannot write attention plot {path}: {error.strerror or error}") from None
     print(f"attention plot written to {path}", file=sys.stderr)

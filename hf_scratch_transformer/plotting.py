@@ -21,6 +21,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from .translate import decoder_start_token, without_start_token  # noqa: E402
+
 WORD_START = "▁"  # prefixed to tokens that begin a word (the SentencePiece convention)
 DPI = 100
 
@@ -38,12 +40,8 @@ def cross_attention_matrices(model, tokenizer, source_text: str, target_ids) -> 
     that predicted target token t, over the S source tokens (including the `</s>` the tokenizer appends).
     Each row sums to 1.
     """
-    target = torch.as_tensor(target_ids, dtype=torch.long).flatten().tolist()
-    start = getattr(model.generation_config, "decoder_start_token_id", None)
-    if start is None:
-        start = model.config.decoder_start_token_id
-    if target and target[0] == start:
-        target = target[1:]
+    target = without_start_token(torch.as_tensor(target_ids, dtype=torch.long), model)
+    start = decoder_start_token(model)
     if not target:
         raise ValueError("target_ids is empty: there is no generated token to show attention for.")
     device = next(model.parameters()).device
@@ -227,11 +225,8 @@ def plot_attention(
 def plot_translation_attention(model, tokenizer, source_text: str, target_ids, path, title: str | None = None) -> Path:
     """`cross_attention_matrices` + readable labels + `plot_attention`, in one call."""
     attention = cross_attention_matrices(model, tokenizer, source_text, target_ids)
-    source_ids = tokenizer(source_text, truncation=True)["input_ids"]
-    start = model.generation_config.decoder_start_token_id
-    target = torch.as_tensor(target_ids).flatten().tolist()
-    if target and target[0] == start:
-        target = target[1:]
+    source_ids = tokenizer(source_text, truncation=True)["input_ids"][: attention.shape[-1]]
+    target = without_start_token(torch.as_tensor(target_ids), model)
     return plot_attention(attention, token_labels(tokenizer, source_ids), token_labels(tokenizer, target), path,
                           title=title)
 

@@ -236,16 +236,24 @@ def _new_tokens_cap(model, generation_kwargs: dict) -> int:
     return min(cap, positions - 1) if isinstance(positions, int) and positions > 1 else cap
 
 
+def decoder_start_token(model) -> int:
+    """The token decoding starts from: the generation config's, else the model config's."""
+    start = getattr(model.generation_config, "decoder_start_token_id", None)
+    return start if start is not None else model.config.decoder_start_token_id
+
+
+def without_start_token(ids, model) -> list[int]:
+    """`ids` (a list or a tensor) as a list, without a leading decoder start token."""
+    ids = ids.flatten().tolist() if hasattr(ids, "flatten") else list(ids)
+    return ids[1:] if ids and ids[0] == decoder_start_token(model) else ids
+
+
 def strip_generated(ids: list[int], model) -> list[int]:
     """Generated ids without the decoder start token, cut after the first end-of-sequence token, no padding."""
-    start = model.generation_config.decoder_start_token_id
-    if start is None:
-        start = model.config.decoder_start_token_id
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos]) - {None}
     pad = model.generation_config.pad_token_id
-    if ids and ids[0] == start:
-        ids = ids[1:]
+    ids = without_start_token(ids, model)
     out = []
     for token_id in ids:
         if token_id in eos:
