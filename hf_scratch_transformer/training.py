@@ -25,7 +25,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from datasets import Dataset, IterableDataset
 from torch.utils.data import DataLoader
-from transformers import AutoTokenizer, GenerationConfig, HfArgumentParser, get_inverse_sqrt_schedule
+from transformers import AutoTokenizer, GenerationConfig, HfArgumentParser, get_scheduler
 
 from .configuration_scratch_transformer import PRESETS, ScratchTransformerConfig
 from .data import (
@@ -144,7 +144,11 @@ class TrainingArguments:
     num_train_epochs: float = field(default=3.0, metadata={"help": "Epochs over the training split."})
     max_steps: int = field(default=-1, metadata={"help": "If > 0: optimiser steps to run (overrides epochs)."})
     learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate, reached after warm-up."})
-    warmup_steps: int = field(default=400, metadata={"help": "Linear warm-up steps, then inverse-sqrt decay."})
+    warmup_steps: int = field(default=400, metadata={"help": "Linear warm-up steps, then --lr_scheduler_type's decay."})
+    lr_scheduler_type: str = field(
+        default="inverse_sqrt",
+        metadata={"help": "Decay after warm-up: inverse_sqrt (the paper's), linear or cosine (to 0 at the last step), "
+                          "constant_with_warmup."})
     adam_beta1: float = field(default=0.9, metadata={"help": "Adam β1 (paper: 0.9)."})
     adam_beta2: float = field(default=0.98, metadata={"help": "Adam β2 (paper: 0.98)."})
     adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam ε (paper: 1e-9)."})
@@ -204,6 +208,7 @@ class TrainingArguments:
 
 
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
+LR_SCHEDULERS = ("inverse_sqrt", "linear", "cosine", "constant_with_warmup")  # transformers.get_scheduler names
 
 
 def parse_arguments(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, TrainingArguments]:
@@ -299,6 +304,8 @@ def check_values(model_args: ModelArguments, data_args: DataArguments, args: Tra
         raise UsageError(f"--hub_strategy must be end, every_save or checkpoint, not {args.hub_strategy!r}")
     if args.bf16 and args.fp16:
         raise UsageError("--bf16 and --fp16 are exclusive: pick one")
+    if args.lr_scheduler_type not in LR_SCHEDULERS:
+        raise UsageError(f"--lr_scheduler_type must be one of {', '.join(LR_SCHEDULERS)}, not {args.lr_scheduler_type!r}")
     for name in ("gradient_accumulation_steps", "per_device_train_batch_size", "per_device_eval_batch_size",
                  "num_beams", "logging_steps", "average_checkpoints"):
         if getattr(args, name) < 1:
@@ -590,7 +597,7 @@ class RunState:
 
 
 # What a resumed run must keep: the schedule (restored from the checkpoint) and the batch order and position.
-RESUME_SETTINGS = {"args": ("learning_rate", "warmup_steps", "seed", "per_device_train_batch_size",
+RESUME_SETTINGS = {"args": ("learning_rate", "warmup_steps", "lr_scheduler_type", "seed", "per_device_train_batch_size",
                             "gradient_accumulation_steps"),
                    "data_args": ("dataset_name", "dataset_config_name", "train_file", "max_train_samples", "streaming",
                                  "source_lang", "target_lang", "max_source_length", "max_target_length",
@@ -703,10 +710,10 @@ class Run:
             self.model.to(self.accelerator.device).eval()
             return
         optimizer_class = torch.optim.AdamW if args.weight_decay > 0 else torch.optim.Adam
+        # fused: one kernel for every parameter's update (on CPU too), instead of a loop of small ones.
         optimizer = optimizer_class(self.model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay,
-                                    betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
-        # Stepped by hand once per optimiser step: Accelerate's wrapper would step it once per process.
-        self.scheduler = get_inverse_sqrt_schedule(optimizer, num_warmup_steps=args.warmup_steps)
+                                    betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
+                                    fused=self.accelerator.device.type in ("cpu", "cuda"))
         self.train_model = torch.compile(self.model) if args.torch_compile else self.model
         self.train_model, self.optimizer = self.accelerator.prepare(self.train_model, optimizer)
         if data_args.streaming:  # length unknown: check_arguments asked for --max_steps
@@ -720,6 +727,9 @@ class Run:
             steps_per_epoch = math.ceil(self.batches_per_epoch / args.gradient_accumulation_steps)
             self.total_steps = (args.max_steps if args.max_steps > 0
                                 else math.ceil(args.num_train_epochs * steps_per_epoch))
+        # Stepped by hand once per optimiser step: Accelerate's wrapper would step it once per process.
+        self.scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,
+                                       num_training_steps=self.total_steps)
         trace = os.environ.get(BATCH_TRACE_VARIABLE)
         self.trace = (open(Path(trace) / f"rank-{self.accelerator.process_index}.jsonl", "a", encoding="utf-8")
                       if trace else None)
@@ -823,52 +833,61 @@ class Run:
         args, state = self.args, self.state
         progress = self._progress = _progress_bar(self.total_steps, state.global_step, disable=not self.is_main)
         window_loss, window_batches, window_tokens, window_start = 0.0, 0, 0, time.time()
+        # A non-finite loss is recorded on the device and looked at only before logging, validating or saving:
+        # a per-step `.item()` would make the host wait for the GPU at every step.
+        self._first_bad = torch.full((2,), -1.0, device=device)  # (step, loss value) of the first non-finite loss
         self.train_model.train()
         while state.global_step < self.total_steps:
             trained_in_pass = 0
             for indices, batch in self._epoch_batches(state.epoch, state.batches_done_in_epoch):
                 trained_in_pass += 1
+                # Counted on the host before the copy to the device: no synchronisation.
+                tokens = int(batch["attention_mask"].sum()) + int((batch["labels"] != -100).sum())
                 batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
                 with accelerator.accumulate(self.train_model):
                     loss = self._loss(batch)
-                    if not torch.isfinite(loss):
-                        raise TrainingFault(self._non_finite_message(loss.item()))
+                    self._record_non_finite(loss.detach(), state.global_step + 1)
                     accelerator.backward(loss)
                     if accelerator.sync_gradients and args.max_grad_norm > 0:
                         accelerator.clip_grad_norm_(self.train_model.parameters(), args.max_grad_norm)
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
                 state.batches_done_in_epoch += 1
-                tokens = int(batch["attention_mask"].sum()) + int((batch["labels"] != -100).sum())
                 if self.trace is not None:
                     self.trace.write(json.dumps({"rank": accelerator.process_index, "world_size": accelerator.num_processes,
                                                  "epoch": state.epoch, "step": state.global_step + 1,
                                                  "indices": indices, "tokens": tokens}) + "\n")
                     self.trace.flush()
-                window_loss, window_batches, window_tokens = window_loss + loss.item(), window_batches + 1, window_tokens + tokens
+                window_loss, window_batches, window_tokens = window_loss + loss.detach(), window_batches + 1, window_tokens + tokens
                 if not accelerator.sync_gradients:
                     continue
                 self.scheduler.step()
                 state.global_step += 1
                 progress.update(1)
-                if state.global_step % args.logging_steps == 0 or state.global_step == self.total_steps:
+                checkpoint_due = args.save_steps and state.global_step % args.save_steps == 0
+                validation_due = (args.eval_steps and state.global_step % args.eval_steps == 0
+                                  and state.global_step < self.total_steps)
+                log_due = state.global_step % args.logging_steps == 0 or state.global_step == self.total_steps
+                if log_due or checkpoint_due or validation_due or self.stop_signal is not None:
+                    self._raise_if_non_finite()
+                if log_due:
                     seconds = time.time() - window_start
                     total_tokens = int(accelerator.reduce(torch.tensor(window_tokens, device=device), "sum"))
                     state.train_tokens += total_tokens
                     state.train_seconds += seconds
                     row = {"step": state.global_step, "epoch": self._epoch_fraction(),
-                           "train_loss": round(window_loss / window_batches, 4),
+                           "train_loss": round(float(window_loss) / window_batches, 4),
                            "learning_rate": self.scheduler.get_last_lr()[0],
                            "tokens_per_second": round(total_tokens / max(seconds, 1e-9), 1)}
                     self._log(row)
                     progress.set_postfix(loss=row["train_loss"], tok_s=row["tokens_per_second"])
                     window_loss, window_batches, window_tokens, window_start = 0.0, 0, 0, time.time()
                 # The window's clock stops while validating or saving: tokens/s counts training time only.
-                if args.eval_steps and state.global_step % args.eval_steps == 0 and state.global_step < self.total_steps:
+                if validation_due:
                     paused = time.time()
                     self.validate()
                     window_start += time.time() - paused
-                if args.save_steps and state.global_step % args.save_steps == 0:
+                if checkpoint_due:
                     paused = time.time()
                     self.save_checkpoint()
                     window_start += time.time() - paused
@@ -883,6 +902,7 @@ class Run:
                 state.epoch += 1
                 state.batches_done_in_epoch = 0
         progress.close()
+        self._raise_if_non_finite()
         if self.last_checkpoint is None or self.last_checkpoint.name != f"checkpoint-{state.global_step}":
             self.save_checkpoint()
 
@@ -952,13 +972,25 @@ class Run:
                                 labels=batch["labels"], label_smoothing=self.args.label_smoothing_factor,
                                 skip_logits=True).loss
 
-    def _non_finite_message(self, value: float) -> str:
+    def _record_non_finite(self, loss: torch.Tensor, step: int) -> None:
+        """Remember (on the device, without synchronising) the step and value of the first non-finite loss."""
+        first = (~torch.isfinite(loss)) & (self._first_bad[0] < 0)
+        self._first_bad.copy_(torch.where(first, torch.stack([torch.full_like(loss, step), loss]).float(),
+                                          self._first_bad))
+
+    def _raise_if_non_finite(self) -> None:
+        """Stop before anything is logged or saved from weights a non-finite loss has touched."""
+        step, value = self._first_bad.tolist()
+        if step >= 0:
+            raise TrainingFault(self._non_finite_message(value, int(step)))
+
+    def _non_finite_message(self, value: float, step: int) -> str:
         kept = list_checkpoints(self.output_dir)
         if kept:
-            return (f"loss became {value} at step {self.state.global_step + 1}; stopped without saving this state, "
+            return (f"loss became {value} at step {step}; stopped without saving this state, "
                     f"the last good checkpoint is {kept[-1]}. Lower --learning_rate, raise --warmup_steps or check "
                     f"the data, then resume with --resume_from_checkpoint latest")
-        return (f"loss became {value} at step {self.state.global_step + 1}; stopped, no checkpoint had been written "
+        return (f"loss became {value} at step {step}; stopped, no checkpoint had been written "
                 f"yet. Lower --learning_rate, raise --warmup_steps or check the data, then start again with "
                 f"--overwrite_output_dir")
 
@@ -1252,7 +1284,7 @@ class Run:
                              else f"(preset `{self.model_args.preset or 'small'}`)")),
             parameters=f"{self.model.num_parameters() / 1e6:.1f}M", vocab_size=config.vocab_size,
             adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_epsilon=args.adam_epsilon,
-            learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
+            learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, lr_scheduler=args.lr_scheduler_type,
             label_smoothing=args.label_smoothing_factor, dropout=config.dropout, max_grad_norm=args.max_grad_norm,
             batching=(f"token-bucketed, at most {data_args.max_tokens} tokens per batch and process"
                       if data_args.max_tokens else f"{args.per_device_train_batch_size} sentences per batch and process")

@@ -8,7 +8,7 @@ from conftest_train import MODEL_CARD_TEMPLATE, tiny_run_flags
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
-from hf_scratch_transformer.training import main, parse_arguments, run_training
+from hf_scratch_transformer.training import UsageError, main, parse_arguments, run_training
 
 
 def run(output_dir, **overrides) -> dict:
@@ -106,3 +106,34 @@ def test_config_file_instead_of_flags(tmp_path):
     assert model_args.preset == "tiny" and data_args.max_train_samples == 400 and args.max_steps == 1
     model_args, data_args, args = parse_arguments([str(tmp_path / "run.yaml")])
     assert model_args.preset == "base" and model_args.normalize_before and data_args.max_tokens == 4096
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_a_decaying_schedule_reaches_zero_at_the_last_step(tmp_path, schedule):
+    run(tmp_path, lr_scheduler_type=schedule, max_steps=6, warmup_steps=2, logging_steps=1, save_steps=0,
+        eval_steps=0, do_train=True)
+    rates = [row["learning_rate"] for row in json.loads((tmp_path / "training_history.json").read_text())
+             if "learning_rate" in row]
+    assert len(rates) == 6 and rates[1] == pytest.approx(1e-3) and rates[-1] == 0.0
+    assert all(later < earlier for earlier, later in zip(rates[1:], rates[2:]))
+    assert f"`{schedule}` decay" in (tmp_path / "README.md").read_text()
+
+
+def test_an_unknown_schedule_is_refused(tmp_path):
+    with pytest.raises(UsageError, match="--lr_scheduler_type must be one of"):
+        run(tmp_path, lr_scheduler_type="exponential")
+
+
+def test_the_optimiser_is_fused(tmp_path, monkeypatch):
+    from hf_scratch_transformer.training import Run
+
+    seen = {}
+    real_train = Run.train
+
+    def record(self):
+        seen["fused"] = self.optimizer.optimizer.defaults["fused"]
+        return real_train(self)
+
+    monkeypatch.setattr(Run, "train", record)
+    run(tmp_path, max_steps=2, save_steps=0, eval_steps=0, do_train=True)
+    assert seen["fused"] is True
