@@ -1,0 +1,172 @@
+"""Choose the training recipe by measurement: run `train.py` with named settings and score each on the validation
+split of the shipped corpus (the test split is not looked at here; the chosen default is tested once, at the end).
+
+    python benchmarks/recipe_ablation.py --list
+    python benchmarks/recipe_ablation.py baseline vocab4k --jobs 2 --threads 1
+    python benchmarks/recipe_ablation.py --table          # rewrite results/recipe_ablation.md from the .jsonl
+
+Every run appends one JSON line to `benchmarks/results/recipe_ablation.jsonl`: its flags, the commit, the
+machine, how many runs shared it, validation BLEU/chrF/loss of the final model (greedy; optionally beam search
+and the last checkpoint before averaging), steps, epochs and training throughput. Runs are seeded (42) and
+deterministic given the thread count; wall times depend on how loaded the machine was (`jobs` says).
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results" / "recipe_ablation.jsonl"
+TABLE = RESULTS.with_suffix(".md")
+OUTPUTS = REPO / "outputs" / "ablation"
+sys.path.insert(0, str(REPO))  # this checkout's package, installed or not (runs in worktrees stay apart)
+
+# train.py's defaults at the start of the ablation (commit 86dc356): small preset, joint BPE 8000, token batches
+# of 2048, Adam 1e-3, 400 warm-up steps then inverse-sqrt, label smoothing 0.1, dropout 0.1, post-norm, 3 epochs.
+# Each run below changes the named flags only; stage 2 runs combine what stage 1 found.
+AVERAGE_LAST_5 = {"average_checkpoints": 5, "save_steps": 100, "save_total_limit": 5}
+RUNS: dict[str, dict] = {
+    # stage 1: one lever at a time, 3 epochs; each run also averages its last 5 checkpoints (100 steps apart), and
+    # --last scores the last checkpoint alone, so every run gives the lever with and without averaging.
+    "baseline": {**AVERAGE_LAST_5},
+    "vocab4k": {"tokenizer_vocab_size": 4000, **AVERAGE_LAST_5},
+    "tokens1024": {"max_tokens": 1024, **AVERAGE_LAST_5},
+    "linear-decay": {"lr_scheduler_type": "linear", **AVERAGE_LAST_5},
+    "lr2e-3": {"learning_rate": 2e-3, **AVERAGE_LAST_5},
+    "prenorm-lr2e-3": {"normalize_before": True, "learning_rate": 2e-3, **AVERAGE_LAST_5},
+    "enc6-dec2": {"encoder_layers": 6, "decoder_layers": 2, **AVERAGE_LAST_5},
+    "vocab2k": {"tokenizer_vocab_size": 2000, **AVERAGE_LAST_5},
+    "ls0.2": {"label_smoothing_factor": 0.2, **AVERAGE_LAST_5},
+    "dropout0.2": {"dropout": 0.2, **AVERAGE_LAST_5},
+}
+
+BASE_FLAGS = {"do_train": True, "do_eval": True, "eval_steps": 0, "report_to": "none", "overwrite_output_dir": True,
+              "seed": 42, "save_total_limit": 1, "save_steps": 0}
+
+
+def command_line(name: str, flags: dict, threads: int) -> list[str]:
+    merged = {**BASE_FLAGS, "output_dir": str(OUTPUTS / name), "cpu_threads": threads, **flags}
+    argv = [sys.executable, str(REPO / "train.py")]
+    for key, value in merged.items():
+        if value is True:
+            argv.append(f"--{key}")
+        elif value is not False and value is not None:
+            argv += [f"--{key}", str(value)]
+    return argv
+
+
+def score_on_validation(model_dir: Path, num_beams: int, threads: int) -> dict:
+    """Validation BLEU/chrF of a saved model (or checkpoint), decoded as train.py decodes (bounded lengths)."""
+    import torch
+
+    from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
+    from hf_scratch_transformer.data import DataArguments, evaluation_pairs, load_parallel_corpus
+    from hf_scratch_transformer.evaluation import evaluate_translations
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(threads)
+    data_args = DataArguments()
+    sources, references = evaluation_pairs(load_parallel_corpus(data_args)["validation"], data_args)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir.parent if model_dir.name.startswith("checkpoint-")
+                                              else model_dir)
+    model = ScratchTransformerForConditionalGeneration.from_pretrained(model_dir).eval()
+    scores, _ = evaluate_translations(model, tokenizer, sources, references, num_beams=num_beams, batch_size=64,
+                                      max_new_tokens=256, max_len_a=1.5, max_len_b=10)
+    return scores
+
+
+def run_one(name: str, flags: dict, threads: int, jobs: int, beam: bool, last: bool) -> dict:
+    started = time.time()
+    log = OUTPUTS / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as handle:
+        code = subprocess.call(command_line(name, flags, threads), stdout=handle, stderr=subprocess.STDOUT,
+                               cwd=REPO, env={**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(REPO)})
+    record = {"name": name, "flags": flags, "exit_code": code, "wall_seconds": round(time.time() - started, 1),
+              "threads": threads, "jobs": jobs, "commit": _commit(), "machine": _machine(),
+              "date": time.strftime("%Y-%m-%d %H:%M")}
+    results_file = OUTPUTS / name / "all_results.json"
+    if code == 0 and results_file.exists():
+        results = json.loads(results_file.read_text())
+        record.update({key: results.get(key) for key in (
+            "eval_bleu", "eval_chrf", "eval_loss", "eval_gen_len", "train_steps", "epoch", "train_runtime",
+            "train_tokens_per_second", "train_loss", "divergence_warning")})
+        if beam:
+            record["eval_bleu_beam4"] = score_on_validation(OUTPUTS / name, 4, threads)["bleu"]
+        checkpoints = sorted((OUTPUTS / name).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+        if last and flags.get("average_checkpoints", 1) > 1 and checkpoints:
+            record["eval_bleu_last_checkpoint"] = score_on_validation(checkpoints[-1], 1, threads)["bleu"]
+    with open(RESULTS, "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+    print(json.dumps(record), flush=True)
+    return record
+
+
+def write_table() -> None:
+    rows = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
+    lines = ["| run | flags (changed from the defaults) | val BLEU greedy | val BLEU beam 4 | last ckpt, greedy | "
+             "val loss | steps | epochs | train min | tok/s | threads × jobs | commit |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    for row in rows:
+        flags = ", ".join(f"{key}={value}" for key, value in row["flags"].items()) or "(defaults)"
+        cell = lambda key, fmt="{}": "" if row.get(key) is None else fmt.format(row[key])  # noqa: E731
+        status = "" if row["exit_code"] == 0 else f" (exit {row['exit_code']})"
+        lines.append(
+            f"| {row['name']}{status} | {flags} | {cell('eval_bleu')} | {cell('eval_bleu_beam4')} | "
+            f"{cell('eval_bleu_last_checkpoint')} | {cell('eval_loss')} | {cell('train_steps')} | {cell('epoch')} | "
+            f"{'' if row.get('train_runtime') is None else round(row['train_runtime'] / 60, 1)} | "
+            f"{cell('train_tokens_per_second', '{:,.0f}')} | {row['threads']} × {row['jobs']} | {row['commit']} |")
+    TABLE.write_text("# Recipe ablation: validation split of the shipped corpus\n\nGenerated by "
+                     "`python benchmarks/recipe_ablation.py --table` from `recipe_ablation.jsonl` (every run, in "
+                     "the order run). Machine: " + (rows[0]["machine"] if rows else "") + ".\n\n"
+                     + "\n".join(lines) + "\n")
+    print(TABLE.read_text())
+
+
+def _commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    return f"{cpu}, {os.cpu_count()} logical cores"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="*", help="names from RUNS (see --list)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME:JSON",
+                        help='an extra run: name, then its flags as JSON, e.g. \'v4k-avg:{"tokenizer_vocab_size": 4000}\'')
+    parser.add_argument("--jobs", type=int, default=1, help="runs side by side")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
+    parser.add_argument("--beam", action="store_true", help="also score the final model with beam 4")
+    parser.add_argument("--last", action="store_true", help="also score the last checkpoint when averaging")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--table", action="store_true")
+    args = parser.parse_args()
+    if args.list:
+        for name, flags in RUNS.items():
+            print(f"{name:16} {json.dumps(flags)}")
+        return
+    if args.table:
+        write_table()
+        return
+    runs = {name: RUNS[name] for name in args.runs}
+    for extra in args.set:
+        name, flags = extra.split(":", 1)
+        runs[name] = json.loads(flags)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(lambda item: run_one(*item, args.threads, args.jobs, args.beam, args.last), runs.items()))
+    write_table()
+
+
+if __name__ == "__main__":
+    main()
