@@ -88,7 +88,13 @@ def run_one(name: str, flags: dict, threads: int, jobs: int, beam: bool, last: b
     with open(log, "w") as handle:
         code = subprocess.call(command_line(name, flags, threads), stdout=handle, stderr=subprocess.STDOUT,
                                cwd=REPO, env={**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(REPO)})
-    record = {"name": name, "flags": flags, "exit_code": code, "wall_seconds": round(time.time() - started, 1),
+    return record_run(name, flags, threads, jobs, beam, last, code, round(time.time() - started, 1))
+
+
+def record_run(name: str, flags: dict, threads: int, jobs: int, beam: bool, last: bool, code: int = 0,
+               wall_seconds: float | None = None) -> dict:
+    """Score a finished run's output directory and append its record to the results."""
+    record = {"name": name, "flags": flags, "exit_code": code, "wall_seconds": wall_seconds,
               "threads": threads, "jobs": jobs, "commit": _commit(), "machine": _machine(),
               "date": time.strftime("%Y-%m-%d %H:%M")}
     results_file = OUTPUTS / name / "all_results.json"
@@ -151,6 +157,8 @@ def main() -> None:
     parser.add_argument("--last", action="store_true", help="also score the last checkpoint when averaging")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--table", action="store_true")
+    parser.add_argument("--record", action="store_true",
+                        help="only score the runs' existing output directories (e.g. runs whose runner was stopped)")
     args = parser.parse_args()
     if args.list:
         for name, flags in RUNS.items():
@@ -163,8 +171,9 @@ def main() -> None:
     for extra in args.set:
         name, flags = extra.split(":", 1)
         runs[name] = json.loads(flags)
+    work = record_run if args.record else run_one
     with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(lambda item: run_one(*item, args.threads, args.jobs, args.beam, args.last), runs.items()))
+        list(pool.map(lambda item: work(*item, args.threads, args.jobs, args.beam, args.last), runs.items()))
     write_table()
 
 
