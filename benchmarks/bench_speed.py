@@ -35,12 +35,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import GenerationConfig
 from transformers.utils import logging as hf_logging
 
 from common import (
-    EOS, FIRST_REAL_TOKEN, MARIAN, OURS, PAD, BOS, RESULTS, VOCAB, alternate, batch_tokens, build_pair,
-    equivalence_check, machine_info, median, random_batch, time_call, write_results,
+    FIRST_REAL_TOKEN, MARIAN, OURS, PAD, RESULTS, VOCAB, alternate, batch_tokens, build_pair, equivalence_check,
+    machine_info, median, random_batch, run_generate, time_call, write_results,
 )
 
 hf_logging.set_verbosity_error()
@@ -187,22 +186,6 @@ def bench_training(models: dict, cfg, batches, repeats, warmup, steps_per_rep) -
 
 
 # ----------------------------------------------------------------------------------------------- generation
-def gen_config(num_beams, new_tokens):
-    return GenerationConfig(
-        decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
-        num_beams=num_beams, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-        early_stopping=True if num_beams > 1 else False, use_cache=True,
-    )
-
-
-@torch.inference_mode()
-def run_generate(model, batch, num_beams, new_tokens):
-    return model.generate(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-        generation_config=gen_config(num_beams, new_tokens),
-    )
-
-
 def bench_generation(models: dict, batch, num_beams, new_tokens, repeats, warmup) -> tuple[dict, list]:
     """new tokens/s of each model's generate(), alternated ABAB; returns the figures and our sequences."""
     for m in models.values():

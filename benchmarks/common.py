@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import transformers  # noqa: E402
-from transformers import MarianConfig, MarianMTModel  # noqa: E402
+from transformers import GenerationConfig, MarianConfig, MarianMTModel  # noqa: E402
 
 from hf_scratch_transformer.configuration_scratch_transformer import ScratchTransformerConfig  # noqa: E402
 from hf_scratch_transformer.modeling_scratch_transformer import (  # noqa: E402
@@ -166,6 +166,22 @@ def equivalence_check(ours, marian, batch) -> dict:
     scored = batch["labels"] != -100
     diff = (ours_out.logits - marian_out.logits)[scored].abs().max().item()
     return {"max_abs_logit_diff": diff, "loss_ours": ours_out.loss.item(), "loss_marian": marian_out.loss.item()}
+
+
+# -------------------------------------------------------------------------------------------------- generation
+def fixed_length_generation_config(num_beams: int, new_tokens: int) -> GenerationConfig:
+    """Exactly `new_tokens` new tokens per sentence whatever the weights (min = max), greedy or beam search."""
+    return GenerationConfig(
+        decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
+        num_beams=num_beams, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+        early_stopping=True if num_beams > 1 else False, use_cache=True,
+    )
+
+
+@torch.inference_mode()
+def run_generate(model, batch, num_beams: int, new_tokens: int) -> torch.Tensor:
+    return model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                          generation_config=fixed_length_generation_config(num_beams, new_tokens))
 
 
 # ------------------------------------------------------------------------------------------------------ timing
