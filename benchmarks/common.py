@@ -49,12 +49,14 @@ def sentence_lengths(rng: np.random.Generator, n: int) -> np.ndarray:
     return np.clip(np.round(rng.lognormal(mean=math.log(28.0), sigma=0.4, size=n)), 10, 60).astype(int)
 
 
-def batch_of_lengths(rng: np.random.Generator, source_lengths: np.ndarray, vocab_size: int = VOCAB) -> dict:
+def batch_of_lengths(rng: np.random.Generator, source_lengths: np.ndarray, vocab_size: int = VOCAB,
+                     target_range: tuple[int, int] = (10, 60)) -> dict:
     """Random ids, right-padded, for sources of the given lengths; target length ~ source length x U(0.8, 1.25)
-    (clipped to 10..60); both sides end in </s>. Returns input_ids / attention_mask (B, S) and labels (B, T) with
+    (clipped to `target_range`); both sides end in </s>. Returns input_ids / attention_mask (B, S) and labels (B, T) with
     -100 on padding: the collator's format."""
     batch_size = len(source_lengths)
-    target_lengths = np.clip(np.round(source_lengths * rng.uniform(0.8, 1.25, batch_size)), 10, 60).astype(int)
+    target_lengths = np.round(source_lengths * rng.uniform(0.8, 1.25, batch_size))
+    target_lengths = np.clip(target_lengths, *target_range).astype(int)
     input_ids = torch.full((batch_size, int(source_lengths.max())), PAD, dtype=torch.long)
     labels = torch.full((batch_size, int(target_lengths.max())), -100, dtype=torch.long)
     for row, (source, target) in enumerate(zip(source_lengths, target_lengths)):
