@@ -6,7 +6,7 @@ Covers parts 1-3 of the benchmark issue:
      against this machine's measured fp32 matmul peak;
   2. generation throughput (new tokens/s; greedy and beam 4; batch 1 and 32; fixed number of new tokens),
      with identical weights in both models (and in CTranslate2 for the greedy reference row);
-  3. peak memory (ru_maxrss) of training and of generation, each in a fresh subprocess.
+  3. peak memory (VmHWM) of training and of generation, each in a fresh subprocess.
 
 Both models get the same sizes, the same weights (copied ours -> Marian, including our sinusoid table, so the
 logits agree to float rounding; checked at start-up), the same batches and the same thread count. Repetitions
@@ -15,8 +15,10 @@ alternate the two models (A B, B A, A B, ...) to cancel drift on a shared machin
     python benchmarks/bench_speed.py --quick                 # ~2-3 min, small preset only
     python benchmarks/bench_speed.py                         # small + base, ~10 min on 2 cores
     python benchmarks/bench_speed.py --presets small --repeats 7
+    python benchmarks/bench_speed.py --ablate --threads 1      # each speed trick on and off (speed_ablation.py)
 
-Writes benchmarks/results/speed.json, speed.md and the torch.profiler tables profile_*.txt.
+Writes benchmarks/results/speed.json, speed.md and the torch.profiler tables profile_*.txt (--ablate:
+ablation.json and ablation.md).
 """
 
 from __future__ import annotations
@@ -417,34 +419,34 @@ def ratio(a, b):
 
 def targets(results) -> list[dict]:
     rows = []
-    for preset, r in results["presets"].items():
-        tr = r["training"]
-        x = ratio(tr[OURS]["tokens_per_s"], tr[MARIAN]["tokens_per_s"])
-        rows.append(dict(target=f"[{preset}] training tokens/s >= 1.3x MarianMT", value=f"{x:.2f}x",
-                         met=x >= 1.3, gap=None if x >= 1.3 else f"{(1.3 / x - 1) * 100:.0f}% short"))
-        mfu = tr[OURS]["mfu"]
+    for preset, figures in results["presets"].items():
+        training = figures["training"]
+        speedup = ratio(training[OURS]["tokens_per_s"], training[MARIAN]["tokens_per_s"])
+        rows.append(dict(target=f"[{preset}] training tokens/s >= 1.3x MarianMT", value=f"{speedup:.2f}x",
+                         met=speedup >= 1.3, gap=None if speedup >= 1.3 else f"{(1.3 / speedup - 1) * 100:.0f}% short"))
+        mfu = training[OURS]["mfu"]
         rows.append(dict(target=f"[{preset}] training MFU >= 70% of measured matmul peak", value=f"{mfu * 100:.0f}%",
                          met=mfu >= 0.70, gap=None if mfu >= 0.7 else f"{(0.70 - mfu) * 100:.0f} points short"))
-        for bs in ("b1", "b32"):
-            g = r["generation"].get(f"greedy_{bs}")
-            if not g:
+        for size in ("b1", "b32"):
+            greedy = figures["generation"].get(f"greedy_{size}")
+            if not greedy:
                 continue
-            x = ratio(g[OURS]["tokens_per_s"], g[MARIAN]["tokens_per_s"])
-            rows.append(dict(target=f"[{preset}] greedy {bs} tokens/s >= 2x MarianMT", value=f"{x:.2f}x",
-                             met=x >= 2, gap=None if x >= 2 else f"{(2 / x - 1) * 100:.0f}% short"))
-            if "ctranslate2" in g:
-                y = ratio(g["ctranslate2"]["tokens_per_s"], g[OURS]["tokens_per_s"])
-                rows.append(dict(target=f"[{preset}] greedy {bs}: CTranslate2 fp32 <= 2x our speed",
-                                 value=f"CT2 is {y:.2f}x ours", met=y <= 2,
-                                 gap=None if y <= 2 else f"we need {y / 2:.2f}x more speed"))
-        mem = r.get("memory", {}).get("train")
+            speedup = ratio(greedy[OURS]["tokens_per_s"], greedy[MARIAN]["tokens_per_s"])
+            rows.append(dict(target=f"[{preset}] greedy {size} tokens/s >= 2x MarianMT", value=f"{speedup:.2f}x",
+                             met=speedup >= 2, gap=None if speedup >= 2 else f"{(2 / speedup - 1) * 100:.0f}% short"))
+            if "ctranslate2" in greedy:
+                ct2_ratio = ratio(greedy["ctranslate2"]["tokens_per_s"], greedy[OURS]["tokens_per_s"])
+                rows.append(dict(target=f"[{preset}] greedy {size}: CTranslate2 fp32 <= 2x our speed",
+                                 value=f"CT2 is {ct2_ratio:.2f}x ours", met=ct2_ratio <= 2,
+                                 gap=None if ct2_ratio <= 2 else f"we need {ct2_ratio / 2:.2f}x more speed"))
+        mem = figures.get("memory", {}).get("train")
         if mem:
-            a, b = mem[OURS]["task_delta_mib"], mem[MARIAN]["task_delta_mib"]
+            ours_mib, marian_mib = mem[OURS]["task_delta_mib"], mem[MARIAN]["task_delta_mib"]
             rows.append(dict(target=f"[{preset}] peak training memory <= MarianMT's",
-                             value=f"{a:.0f} vs {b:.0f} MiB (task delta); peak RSS "
+                             value=f"{ours_mib:.0f} vs {marian_mib:.0f} MiB (task delta); peak RSS "
                                    f"{mem[OURS]['peak_rss_mib']:.0f} vs {mem[MARIAN]['peak_rss_mib']:.0f} MiB",
-                             met=a <= b and mem[OURS]["peak_rss_mib"] <= mem[MARIAN]["peak_rss_mib"],
-                             gap=None if a <= b else f"{(a / b - 1) * 100:.0f}% more"))
+                             met=ours_mib <= marian_mib and mem[OURS]["peak_rss_mib"] <= mem[MARIAN]["peak_rss_mib"],
+                             gap=None if ours_mib <= marian_mib else f"{(ours_mib / marian_mib - 1) * 100:.0f}% more"))
     return rows
 
 
@@ -454,36 +456,36 @@ def real_share(results) -> float:
     return real / padded
 
 
-def kernel_section(preset: str, r: dict, peak_gflops: float) -> list[str]:
+def kernel_section(preset: str, figures: dict, peak_gflops: float) -> list[str]:
     """The Markdown lines of the kernel table of one preset."""
-    k = r["kernels"]
-    L = ["", f"## Kernels at the {preset} preset's shapes", "",
+    kernels = figures["kernels"]
+    lines = ["", f"## Kernels at the {preset} preset's shapes", "",
           "Decode-step projections: time of one call with W stored (out, in), as nn.Linear, against (in, out), as "
           "our `Projection` (transformers' Conv1D layout); the output projection (tied to the (V, D) embedding) "
           "as F.linear(x, W) against (W @ xᵀ)ᵀ.", "",
           "| projection | rows | (out, in), µs | (in, out), µs | speed-up |", "|---|---:|---:|---:|---:|"]
-    for key, v in k["decode"].items():
+    for key, timing in kernels["decode"].items():
         name, rows = key.rsplit("_rows", 1)
-        L.append(f"| {name} | {rows} | {v['linear_us']:.1f} | {v['in_out_us']:.1f} | {v['speedup']:.2f}x |")
-    L += ["", f"Greedy token choice over (32, {r['config']['vocab_size']}) scores: argmax {k['argmax_us']:.0f} µs, "
-          f"max().indices {k['max_indices_us']:.0f} µs (same result: the first maximum).", "",
-          f"Training matmuls alone (forward + backward, {k['training_tokens']:,} tokens, fp32): "
-          + ", ".join(f"{n} {g:.0f}" for n, g in k["training_matmul_gflops"].items())
-          + f" GFLOP/s, i.e. {min(k['training_matmul_gflops'].values()) / peak_gflops:.0%}-"
-          f"{max(k['training_matmul_gflops'].values()) / peak_gflops:.0%} of the measured peak: "
+        lines.append(f"| {name} | {rows} | {timing['linear_us']:.1f} | {timing['in_out_us']:.1f} | {timing['speedup']:.2f}x |")
+    lines += ["", f"Greedy token choice over (32, {figures['config']['vocab_size']}) scores: argmax {kernels['argmax_us']:.0f} µs, "
+          f"max().indices {kernels['max_indices_us']:.0f} µs (same result: the first maximum).", "",
+          f"Training matmuls alone (forward + backward, {kernels['training_tokens']:,} tokens, fp32): "
+          + ", ".join(f"{shape} {gflops:.0f}" for shape, gflops in kernels["training_matmul_gflops"].items())
+          + f" GFLOP/s, i.e. {min(kernels['training_matmul_gflops'].values()) / peak_gflops:.0%}-"
+          f"{max(kernels['training_matmul_gflops'].values()) / peak_gflops:.0%} of the measured peak: "
           "the ceiling for MFU before softmax, norms, dropout, attention and the optimiser take their share."]
-    return L
+    return lines
 
 
 def render_markdown(results) -> str:
-    m = results["machine"]
-    L = [
+    machine = results["machine"]
+    lines = [
         "# Speed and memory: hf_scratch_transformer vs MarianMTModel",
         "",
-        f"Machine: **{m['cpu']}**, {m['logical_cpus']} logical CPUs, torch threads {m['torch_threads']}, "
-        f"AVX-512 {'yes' if m['avx512f'] else 'no'}, AMX {'yes' if m['amx'] else 'no'}; "
-        f"Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, "
-        f"CTranslate2 {m.get('ctranslate2') or 'not installed'}; {m['date_utc']} UTC, commit {m.get('git_commit', '?')}.",
+        f"Machine: **{machine['cpu']}**, {machine['logical_cpus']} logical CPUs, torch threads {machine['torch_threads']}, "
+        f"AVX-512 {'yes' if machine['avx512f'] else 'no'}, AMX {'yes' if machine['amx'] else 'no'}; "
+        f"Python {machine['python']}, torch {machine['torch']}, transformers {machine['transformers']}, "
+        f"CTranslate2 {machine.get('ctranslate2') or 'not installed'}; {machine['date_utc']} UTC, commit {machine.get('git_commit', '?')}.",
         f"Mode: {'quick' if results['settings']['quick'] else 'full'}; "
         f"{results['settings']['repeats']} timed repetitions per figure (median, models alternated ABAB) after "
         f"{results['settings']['warmup']} warm-up; {results['settings']['new_tokens']} new tokens per sentence in "
@@ -498,43 +500,43 @@ def render_markdown(results) -> str:
         "| preset | measure | scratch | MarianMT | ratio | CTranslate2 fp32 |",
         "|---|---|---:|---:|---:|---:|",
     ]
-    for preset, r in results["presets"].items():
-        tr = r["training"]
-        L.append(f"| {preset} | training, non-pad tokens/s (src+tgt) | {tr[OURS]['tokens_per_s']:,.0f} | "
-                 f"{tr[MARIAN]['tokens_per_s']:,.0f} | **{ratio(tr[OURS]['tokens_per_s'], tr[MARIAN]['tokens_per_s']):.2f}x** | |")
-        L.append(f"| {preset} | training MFU (model GFLOP/s / peak) | {tr[OURS]['mfu'] * 100:.1f}% "
-                 f"({tr[OURS]['achieved_gflops']:.0f}) | {tr[MARIAN]['mfu'] * 100:.1f}% ({tr[MARIAN]['achieved_gflops']:.0f}) | | |")
-        for key, g in r["generation"].items():
-            mode, bs = key.split("_")
-            ct = g.get("ctranslate2")
-            ct_s = f"{ct['tokens_per_s']:,.0f}" + (f" ({ct['intra_threads']} thr)" if "intra_threads" in ct else "") if ct else ""
-            L.append(f"| {preset} | {mode} {bs[1:]}x, new tokens/s | {g[OURS]['tokens_per_s']:,.0f} | "
-                     f"{g[MARIAN]['tokens_per_s']:,.0f} | **{ratio(g[OURS]['tokens_per_s'], g[MARIAN]['tokens_per_s']):.2f}x** | {ct_s} |")
-        for task, mem in r.get("memory", {}).items():
-            L.append(f"| {preset} | peak RSS {task}, MiB (task delta) | {mem[OURS]['peak_rss_mib']:,.0f} "
+    for preset, figures in results["presets"].items():
+        training = figures["training"]
+        lines.append(f"| {preset} | training, non-pad tokens/s (src+tgt) | {training[OURS]['tokens_per_s']:,.0f} | "
+                 f"{training[MARIAN]['tokens_per_s']:,.0f} | **{ratio(training[OURS]['tokens_per_s'], training[MARIAN]['tokens_per_s']):.2f}x** | |")
+        lines.append(f"| {preset} | training MFU (model GFLOP/s / peak) | {training[OURS]['mfu'] * 100:.1f}% "
+                 f"({training[OURS]['achieved_gflops']:.0f}) | {training[MARIAN]['mfu'] * 100:.1f}% ({training[MARIAN]['achieved_gflops']:.0f}) | | |")
+        for key, greedy in figures["generation"].items():
+            mode, size = key.split("_")
+            ct2 = greedy.get("ctranslate2")
+            ct2_cell = f"{ct2['tokens_per_s']:,.0f}" + (f" ({ct2['intra_threads']} thr)" if "intra_threads" in ct2 else "") if ct2 else ""
+            lines.append(f"| {preset} | {mode} {size[1:]}x, new tokens/s | {greedy[OURS]['tokens_per_s']:,.0f} | "
+                     f"{greedy[MARIAN]['tokens_per_s']:,.0f} | **{ratio(greedy[OURS]['tokens_per_s'], greedy[MARIAN]['tokens_per_s']):.2f}x** | {ct2_cell} |")
+        for task, mem in figures.get("memory", {}).items():
+            lines.append(f"| {preset} | peak RSS {task}, MiB (task delta) | {mem[OURS]['peak_rss_mib']:,.0f} "
                      f"(+{mem[OURS]['task_delta_mib']:,.0f}) | {mem[MARIAN]['peak_rss_mib']:,.0f} "
                      f"(+{mem[MARIAN]['task_delta_mib']:,.0f}) | {ratio(mem[OURS]['task_delta_mib'], mem[MARIAN]['task_delta_mib']):.2f}x | |")
-    for preset, r in results["presets"].items():
-        if r.get("kernels"):
-            L += kernel_section(preset, r, results["mfu_peak_gflops"])
-    L += ["", "## Targets", "", "| target | measured | met | gap |", "|---|---|:-:|---|"]
+    for preset, figures in results["presets"].items():
+        if figures.get("kernels"):
+            lines += kernel_section(preset, figures, results["mfu_peak_gflops"])
+    lines += ["", "## Targets", "", "| target | measured | met | gap |", "|---|---|:-:|---|"]
     for t in results["targets"]:
-        L.append(f"| {t['target']} | {t['value']} | {'yes' if t['met'] else '**no**'} | {t['gap'] or ''} |")
-    L += ["", "Parts 4-5 of the issue (BLEU at equal budget, time to quality) are measured by bench_quality.py: "
+        lines.append(f"| {t['target']} | {t['value']} | {'yes' if t['met'] else '**no**'} | {t['gap'] or ''} |")
+    lines += ["", "Parts 4-5 of the issue (BLEU at equal budget, time to quality) are measured by bench_quality.py: "
               "[quality.md](quality.md).", ""]
     checks = []
-    for preset, r in results["presets"].items():
-        e = r["equivalence"]
-        checks.append(f"{preset}: max |logit diff| scratch vs Marian {e['max_abs_logit_diff']:.1e}"
-                      + (f", scratch vs CT2 max |log-prob diff| {r['ct2_logprob_diff']:.1e}" if r.get("ct2_logprob_diff") is not None else ""))
-    L.append("Same-function checks (identical weights): " + "; ".join(checks) + ".")
+    for preset, figures in results["presets"].items():
+        check = figures["equivalence"]
+        checks.append(f"{preset}: max |logit diff| scratch vs Marian {check['max_abs_logit_diff']:.1e}"
+                      + (f", scratch vs CT2 max |log-prob diff| {figures['ct2_logprob_diff']:.1e}" if figures.get("ct2_logprob_diff") is not None else ""))
+    lines.append("Same-function checks (identical weights): " + "; ".join(checks) + ".")
     if results.get("ct2_error"):
-        L.append(f"CTranslate2 row missing: {results['ct2_error']}")
+        lines.append(f"CTranslate2 row missing: {results['ct2_error']}")
     prof = results.get("profiles", {})
     if prof:
-        L.append("Where a target is missed, see the torch.profiler tables: "
+        lines.append("Where a target is missed, see the torch.profiler tables: "
                  + ", ".join(f"[{v}]({v})" for v in prof.values()) + ".")
-    return "\n".join(L) + "\n"
+    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------------------------------- main
