@@ -203,7 +203,7 @@ def run(args) -> None:
     torch.set_num_threads(args.threads)
     preset = (args.presets or ["small"])[0]
     repeats, new_tokens = args.repeats or 5, args.new_tokens or 24
-    bucketed, vocab_size, epoch_batches = bucketed_batches(3 if args.quick else 4, 6000)
+    bucketed, vocab_size, epoch_batches = bucketed_batches(1 if args.quick else 2, 6000)
     rng = np.random.default_rng(args.seed + 1)
     random = [random_batch(rng, 64) for _ in range(len(bucketed))]
     greedy = {"b1": random_batch(rng, 1), "b32": random_batch(rng, 32)}
