@@ -153,7 +153,8 @@ def short_commit(revision: str) -> str:
 def model_pair(old, preset: str):
     """The old commit's model and this checkout's, same sizes and weights (no dropout)."""
     sizes = dict(vocab_size=VOCAB, max_position_embeddings=256, dropout=0.0)
-    old_model = old.ScratchTransformerForConditionalGeneration(old.ScratchTransformerConfig.from_preset(preset, **sizes))
+    old_config = old.ScratchTransformerConfig.from_preset(preset, **sizes)
+    old_model = old.ScratchTransformerForConditionalGeneration(old_config)
     new_model = ScratchTransformerForConditionalGeneration(ScratchTransformerConfig.from_preset(preset, **sizes))
     same_weights(old_model.eval(), new_model.eval())
     return old_model, new_model

@@ -1,18 +1,20 @@
 #!/usr/bin/env python
 """Quality: hf_scratch_transformer vs transformers' MarianMTModel (parts 4 and 5 of the benchmark issue).
 
-  equal_budget_bleu (part 4): quality at an equal training budget. Our model and a MarianMTModel of identical sizes (width, depths, heads, FFN,
-     vocabulary, shared + tied embeddings, dropout 0.1, ReLU, sqrt(d_model) embedding scale, post-norm), both
-     starting from the same weights (ours copied into Marian; `--marian_init native` gives Marian its own seeded
-     init), trained in ONE plain loop in this process: the same tokenizer (joint BPE, `train_tokenizer_on_corpus`),
-     the same token-bucketed batches in the same order, the same schedule (Adam b=(0.9, 0.98) eps=1e-9, lr 1e-3,
-     linear warm-up then inverse sqrt, label smoothing 0.1, grad clip 1.0), the two models alternating step by
-     step (AB, BA, ...). Then test BLEU/chrF with greedy and beam 4, plus each model's training time and tokens/s.
-  time_to_target_bleu (part 5): time to a target BLEU, end to end, as each user would run it: `run_training` (what `train.py` runs, with its
-     defaults) versus `Seq2SeqTrainer` + MarianMTModel of the same size (AdamW lr 5e-4, `inverse_sqrt` with 400
-     warm-up steps, label smoothing 0.1, random batches of 64, 3 epochs, `predict_with_generate`). Both evaluate
-     greedy test BLEU every `--eval_steps` steps; time to quality = the first training time at which our curve
-     reaches the BLEU the Seq2SeqTrainer run ends with (linear interpolation between evaluation points).
+  equal_budget_bleu (part 4): quality at an equal training budget. Our model and a MarianMTModel of identical
+     sizes (width, depths, heads, FFN, vocabulary, shared + tied embeddings, dropout 0.1, ReLU, sqrt(d_model)
+     embedding scale, post-norm), both starting from the same weights (ours copied into Marian; `--marian_init
+     native` gives Marian its own seeded init), trained in ONE plain loop in this process: the same tokenizer
+     (joint BPE, `train_tokenizer_on_corpus`), the same token-bucketed batches in the same order, the same schedule
+     (Adam b=(0.9, 0.98) eps=1e-9, lr 1e-3, linear warm-up then inverse sqrt, label smoothing 0.1, grad clip 1.0),
+     the two models alternating step by step (AB, BA, ...). Then test BLEU/chrF with greedy and beam 4, plus each
+     model's training time and tokens/s.
+  time_to_target_bleu (part 5): time to a target BLEU, end to end, as each user would run it: `run_training`
+     (what `train.py` runs, with its defaults) versus `Seq2SeqTrainer` + MarianMTModel of the same size (AdamW lr
+     5e-4, `inverse_sqrt` with 400 warm-up steps, label smoothing 0.1, random batches of 64, 3 epochs,
+     `predict_with_generate`). Both evaluate greedy test BLEU every `--eval_steps` steps; time to quality = the
+     first training time at which our curve reaches the BLEU the Seq2SeqTrainer run ends with (linear
+     interpolation between evaluation points).
 
     python benchmarks/bench_quality.py --quick --threads 1      # ~3-5 min on 2 cores: tiny preset, 2,000 pairs
     python benchmarks/bench_quality.py                          # full: small preset, whole corpus (many hours)
@@ -359,8 +361,9 @@ def curve_from_marks(label: str, t0: float, marks: dict, end: float, extra: dict
     for evaluation in marks["evals"]:
         train_s = evaluation["start"] - marks["setup_end"] - eval_time
         eval_time += evaluation["end"] - evaluation["start"]
-        points.append({"step": evaluation["step"], "train_s": round(train_s, 2), "elapsed_with_setup_s": round(train_s + setup, 2),
-                       "bleu": evaluation["bleu"], "chrf": evaluation["chrf"], "eval_s": round(evaluation["end"] - evaluation["start"], 2)})
+        points.append({"step": evaluation["step"], "train_s": round(train_s, 2),
+                       "elapsed_with_setup_s": round(train_s + setup, 2), "bleu": evaluation["bleu"],
+                       "chrf": evaluation["chrf"], "eval_s": round(evaluation["end"] - evaluation["start"], 2)})
     return {"label": label, "setup_s": round(setup, 2), "wall_s": round(end - t0, 2),
             "eval_total_s": round(eval_time, 2), "points": points, **extra}
 

@@ -67,9 +67,9 @@ def batch_of_lengths(rng: np.random.Generator, source_lengths: np.ndarray, vocab
     return {"input_ids": input_ids, "attention_mask": (input_ids != PAD).long(), "labels": labels}
 
 
-def random_batch(rng: np.random.Generator, batch_size: int) -> dict[str, torch.Tensor]:
-    """`batch_size` sentence pairs of random lengths (`sentence_lengths`): about half of the positions are padding."""
-    return batch_of_lengths(rng, sentence_lengths(rng, batch_size))
+def random_batch(rng: np.random.Generator, batch_size: int, vocab_size: int = VOCAB) -> dict[str, torch.Tensor]:
+    """`batch_size` sentence pairs of random lengths (`sentence_lengths`): about half the positions are padding."""
+    return batch_of_lengths(rng, sentence_lengths(rng, batch_size), vocab_size)
 
 
 def batch_tokens(batch: dict[str, torch.Tensor]) -> tuple[int, int]:

@@ -1,4 +1,6 @@
-"""Each remaining speed trick of our model, on and off, on the same batches (`python benchmarks/bench_speed.py --ablate`).
+"""Each remaining speed trick of our model, on and off, on the same batches.
+
+    python benchmarks/bench_speed.py --ablate --threads 1
 
 Our model only (small preset by default); every pair of variants holds the same weights and is checked to compute
 the same function before it is timed. The two variants of a pair run alternately (ABAB...); each repetition gives
