@@ -41,39 +41,10 @@ from transformers.utils import logging as hf_logging
 
 from common import (
     FIRST_REAL_TOKEN, MARIAN, OURS, PAD, RESULTS, VOCAB, alternate, batch_tokens, build_pair, equivalence_check,
-    machine_info, median, random_batch, run_generate, time_call, write_results,
+    machine_info, median, param_counts, random_batch, run_generate, time_call, training_flops, write_results,
 )
 
 hf_logging.set_verbosity_error()
-
-
-# --------------------------------------------------------------------------------------------------- models
-def param_counts(cfg) -> dict[str, int]:
-    """Weights that take part in matmuls, per token of each kind (biases, norms, embeddings lookups excluded)."""
-    D, F, V = cfg.d_model, cfg.encoder_ffn_dim, cfg.vocab_size
-    Fd = cfg.decoder_ffn_dim
-    return {
-        "encoder_per_src_token": cfg.encoder_layers * (4 * D * D + 2 * D * F),
-        "cross_kv_per_src_token": cfg.decoder_layers * 2 * D * D,
-        "decoder_per_tgt_token": cfg.decoder_layers * (4 * D * D + 2 * D * D + 2 * D * Fd) + D * V,
-    }
-
-
-def training_flops(cfg, batch) -> float:
-    """Model FLOPs of one forward + backward on `batch`, counting only non-pad tokens (documented in README).
-
-    forward matmul FLOPs = 2 x (weights used) per token; backward = 2 x forward -> 6 x weights x tokens.
-    Attention (QK^T and AV, 2 matmuls of 2*L*D FLOPs per query and layer): encoder self 4*D*sum(S_i^2),
-    decoder self 4*D*sum(T_i^2)/2 (causal half), cross 4*D*sum(S_i*T_i); times 3 for training."""
-    p = param_counts(cfg)
-    src = batch["attention_mask"].sum(1).double()
-    tgt = (batch["labels"] != -100).sum(1).double()
-    D = cfg.d_model
-    dense = 6 * (src.sum() * (p["encoder_per_src_token"] + p["cross_kv_per_src_token"])
-                 + tgt.sum() * p["decoder_per_tgt_token"])
-    attn = 3 * 4 * D * (cfg.encoder_layers * (src**2).sum()
-                        + cfg.decoder_layers * ((tgt**2).sum() / 2 + (src * tgt).sum()))
-    return float(dense + attn)
 
 
 # ------------------------------------------------------------------------------------------------ utilities

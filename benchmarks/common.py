@@ -1,6 +1,7 @@
-"""What the benchmark scripts share: synthetic batches, the model pair (ours and a MarianMT of the same sizes holding
-the same weights), the equivalence check, timing helpers (medians, ABAB alternation), machine information and the
-writing of results (JSON + Markdown).
+"""What the benchmark scripts share: synthetic batches and train.py's batches, the model pair (ours and a MarianMT of
+the same sizes holding the same weights), the equivalence check, model FLOPs of a training step, fixed-length
+generation, timing helpers (medians, ABAB alternation, paired ratios), machine information and the writing of
+results (JSON + Markdown).
 
 The scripts run as `python benchmarks/<script>.py`, which puts this folder on `sys.path`, so they `import common`;
 importing it also puts the repository root on `sys.path`, so this checkout's package is used, installed or not.
@@ -82,6 +83,32 @@ def padding_share(batches) -> float:
     real = sum(sum(batch_tokens(b)) for b in batches)
     total = sum(b["input_ids"].numel() + b["labels"].numel() for b in batches)
     return 1 - real / total
+
+
+def train_py_batches(count: int, max_tokens: int = 2048, vocab_size: int = VOCAB, max_train_samples: int | None = None,
+                     spread: bool = False, seed: int = 42) -> tuple[list[dict], int, int]:
+    """`count` training batches as train.py forms them: the shipped corpus (its first `max_train_samples` training
+    pairs), the joint BPE tokenizer trained on them, train.py's filters, shuffled token buckets of `max_tokens`.
+    The first `count` batches of the epoch, or with `spread` batches spaced evenly over it (short and long
+    sentences alike). Returns the batches (input_ids, attention_mask, labels), the tokenizer's size and the number
+    of batches in the epoch."""
+    from hf_scratch_transformer.data import (
+        DataArguments, load_parallel_corpus, make_batch_sampler, make_collator, preprocess_corpus,
+    )
+    from hf_scratch_transformer.tokenization import train_tokenizer_on_corpus
+
+    data_args = DataArguments(max_tokens=max_tokens, tokenizer_vocab_size=vocab_size,
+                              max_train_samples=max_train_samples)
+    raw = load_parallel_corpus(data_args)
+    tokenizer = train_tokenizer_on_corpus(raw["train"], data_args.source_lang, data_args.target_lang,
+                                          vocab_size=vocab_size)
+    train = preprocess_corpus({"train": raw["train"]}, tokenizer, data_args)[0]["train"]
+    epoch = list(make_batch_sampler(train, data_args, batch_size=64, shuffle=True, seed=seed))
+    every = max(1, len(epoch) // count) if spread else 1
+    collate = make_collator(tokenizer)
+    batches = [collate([train[i] for i in indices]) for indices in epoch[: every * count : every]]
+    keys = ("input_ids", "attention_mask", "labels")
+    return [{key: batch[key] for key in keys} for batch in batches], len(tokenizer), len(epoch)
 
 
 # -------------------------------------------------------------------------------------------------- the models
@@ -170,6 +197,35 @@ def equivalence_check(ours, marian, batch) -> dict:
     return {"max_abs_logit_diff": diff, "loss_ours": ours_out.loss.item(), "loss_marian": marian_out.loss.item()}
 
 
+# ------------------------------------------------------------------------------------------------- model FLOPs
+def param_counts(cfg) -> dict[str, int]:
+    """Weights that take part in matmuls, per token of each kind (biases, norms, embeddings lookups excluded)."""
+    D, F, V = cfg.d_model, cfg.encoder_ffn_dim, cfg.vocab_size
+    Fd = cfg.decoder_ffn_dim
+    return {
+        "encoder_per_src_token": cfg.encoder_layers * (4 * D * D + 2 * D * F),
+        "cross_kv_per_src_token": cfg.decoder_layers * 2 * D * D,
+        "decoder_per_tgt_token": cfg.decoder_layers * (4 * D * D + 2 * D * D + 2 * D * Fd) + D * V,
+    }
+
+
+def training_flops(cfg, batch) -> float:
+    """Model FLOPs of one forward + backward on `batch`, counting only non-pad tokens (documented in README).
+
+    forward matmul FLOPs = 2 x (weights used) per token; backward = 2 x forward -> 6 x weights x tokens.
+    Attention (QK^T and AV, 2 matmuls of 2*L*D FLOPs per query and layer): encoder self 4*D*sum(S_i^2),
+    decoder self 4*D*sum(T_i^2)/2 (causal half), cross 4*D*sum(S_i*T_i); times 3 for training."""
+    p = param_counts(cfg)
+    src = batch["attention_mask"].sum(1).double()
+    tgt = (batch["labels"] != -100).sum(1).double()
+    D = cfg.d_model
+    dense = 6 * (src.sum() * (p["encoder_per_src_token"] + p["cross_kv_per_src_token"])
+                 + tgt.sum() * p["decoder_per_tgt_token"])
+    attn = 3 * 4 * D * (cfg.encoder_layers * (src**2).sum()
+                        + cfg.decoder_layers * ((tgt**2).sum() / 2 + (src * tgt).sum()))
+    return float(dense + attn)
+
+
 # -------------------------------------------------------------------------------------------------- generation
 def fixed_length_generation_config(num_beams: int, new_tokens: int) -> GenerationConfig:
     """Exactly `new_tokens` new tokens per sentence whatever the weights (min = max), greedy or beam search."""
@@ -238,9 +294,12 @@ def loadavg() -> list[float]:
 
 
 def git_commit() -> str | None:
+    """The checkout's short commit, marked "+changes" when the package or the benchmarks differ from it."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        return out.stdout.strip() or None
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "hf_scratch_transformer", "benchmarks"],
+                               cwd=ROOT, capture_output=True).returncode == 1
+        return (out.stdout.strip() + ("+changes" if dirty else "")) or None
     except OSError:
         return None
 

@@ -33,7 +33,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from common import (
     RESULTS, batch_tokens, loadavg, machine_info, machine_line, median, our_config, padding_share, paired_ratios,
-    random_batch, run_generate, time_alternating, write_results,
+    random_batch, run_generate, time_alternating, train_py_batches, write_results,
 )
 from hf_scratch_transformer.modeling_scratch_transformer import (
     MultiHeadAttention,
@@ -118,32 +118,6 @@ def eager_copy(model):
     return model
 
 
-# ------------------------------------------------------------------------------------------------------ batches
-def bucketed_batches(count: int, max_train_samples: int, seed: int = 42):
-    """The first `count` batches of train.py's token-bucketed sampler (max_tokens 2048) over the shipped corpus,
-    tokenised by a joint BPE trained as train.py trains it (on the first `max_train_samples` training pairs)."""
-    from hf_scratch_transformer.data import (
-        DataArguments, load_parallel_corpus, make_batch_sampler, make_collator, preprocess_corpus,
-    )
-    from hf_scratch_transformer.tokenization import train_tokenizer_on_corpus
-
-    data_args = DataArguments(max_train_samples=max_train_samples)
-    raw = load_parallel_corpus(data_args, seed=seed)
-    tokenizer = train_tokenizer_on_corpus(raw["train"], data_args.source_lang, data_args.target_lang,
-                                          vocab_size=data_args.tokenizer_vocab_size,
-                                          max_sentences=data_args.tokenizer_max_sentences, seed=seed)
-    datasets, _ = preprocess_corpus(raw, tokenizer, data_args)
-    train, collator = datasets["train"], make_collator(tokenizer)
-    sampler = make_batch_sampler(train, data_args, 64, shuffle=True, seed=seed)
-    all_batches = list(sampler)
-    every = max(1, len(all_batches) // count)  # spread over the epoch: short and long sentences
-    chosen = [all_batches[i * every] for i in range(count)]
-    batches = [dict(collator([train[i] for i in indices])) for indices in chosen]
-    for batch in batches:
-        batch.pop("decoder_input_ids", None)
-    return batches, len(tokenizer), len(all_batches)
-
-
 # -------------------------------------------------------------------------------------------------- workloads
 def training_function(model, batches, **forward_options):
     """One call = one training step (label-smoothed loss, backward, Adam step) per batch, as train.py does."""
@@ -205,7 +179,8 @@ def run(args) -> None:
     torch.set_num_threads(args.threads)
     preset = (args.presets or ["small"])[0]
     repeats, new_tokens = args.repeats or 5, args.new_tokens or 24
-    bucketed, vocab_size, epoch_batches = bucketed_batches(1 if args.quick else 2, 6000)
+    bucketed, vocab_size, epoch_batches = train_py_batches(1 if args.quick else 2, max_train_samples=6000,
+                                                            spread=True)
     rng = np.random.default_rng(args.seed + 1)
     random = [random_batch(rng, 64) for _ in range(len(bucketed))]
     greedy = {"b1": random_batch(rng, 1), "b32": random_batch(rng, 32)}
