@@ -14,13 +14,9 @@ asked. The old commit decodes with whatever it had (main before issue 11: its ow
 
 import argparse
 import importlib
-import json
-import math
-import platform
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,12 +24,15 @@ import torch
 from transformers import CompileConfig, GenerationConfig
 from transformers.pytorch_utils import Conv1D
 
-import hf_scratch_transformer
+from common import (
+    BOS, EOS, PAD, RESULTS, ROOT, VOCAB, batch_of_lengths, batch_tokens, machine_info, machine_line, median,
+    padding_share, sentence_lengths, time_alternating, write_results,
+)
+
+import hf_scratch_transformer  # common put this checkout first on sys.path
 from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
-VOCAB, PAD, BOS, EOS = 8000, 0, 1, 2
+REPO = ROOT
 
 
 def import_package_at(commit: str, directory: Path):
@@ -67,19 +66,7 @@ def same_weights(old_model, new_model) -> None:
 
 def random_batch(rng: np.random.Generator, lengths: np.ndarray) -> dict:
     """Right-padded source ids of the given lengths, targets of about the same lengths, labels -100 on padding."""
-    target_lengths = np.clip(np.round(lengths * rng.uniform(0.8, 1.25, len(lengths))), 4, 80).astype(int)
-    input_ids = torch.full((len(lengths), int(lengths.max())), PAD)
-    labels = torch.full((len(lengths), int(target_lengths.max())), -100)
-    for row, (source, target) in enumerate(zip(lengths, target_lengths)):
-        input_ids[row, : source - 1] = torch.from_numpy(rng.integers(4, VOCAB, source - 1))
-        input_ids[row, source - 1] = EOS
-        labels[row, : target - 1] = torch.from_numpy(rng.integers(4, VOCAB, target - 1))
-        labels[row, target - 1] = EOS
-    return {"input_ids": input_ids, "attention_mask": (input_ids != PAD).long(), "labels": labels}
-
-
-def sentence_lengths(rng, n):
-    return np.clip(np.round(rng.lognormal(math.log(28.0), 0.4, n)), 10, 60).astype(int)
+    return batch_of_lengths(rng, lengths, target_range=(4, 80))
 
 
 def training_batches(rng, kind: str, count: int, max_tokens: int = 2048) -> list[dict]:
@@ -97,28 +84,9 @@ def training_batches(rng, kind: str, count: int, max_tokens: int = 2048) -> list
     return batches
 
 
-def padding_share(batches) -> float:
-    real = sum(int(b["attention_mask"].sum()) + int((b["labels"] != -100).sum()) for b in batches)
-    total = sum(b["input_ids"].numel() + b["labels"].numel() for b in batches)
-    return 1 - real / total
-
-
-def median(values):
-    return float(np.median(values))
-
-
-def time_alternating(functions: dict, repeats: int) -> dict:
+def median_seconds(functions: dict, repeats: int) -> dict:
     """Median seconds of each function, run ABAB... after one warm-up call each."""
-    for function in functions.values():
-        function()
-    seconds = {name: [] for name in functions}
-    for repeat in range(repeats):
-        order = list(functions) if repeat % 2 == 0 else list(functions)[::-1]
-        for name in order:
-            start = time.perf_counter()
-            functions[name]()
-            seconds[name].append(time.perf_counter() - start)
-    return {name: median(values) for name, values in seconds.items()}
+    return {name: median(values) for name, values in time_alternating(functions, repeats).items()}
 
 
 def greedy_functions(old_model, new_model, batch, new_tokens):
@@ -166,7 +134,7 @@ def train_functions(old_model, new_model, batches):
     return {"commit": run("commit", old_model), "checkout": run("checkout", new_model, skip_logits=True)}
 
 
-def main() -> None:
+def parse_arguments():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--commit", required=True)
     parser.add_argument("--preset", default="small")
@@ -174,63 +142,66 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--new_tokens", type=int, default=40)
     parser.add_argument("--skip_training", action="store_true")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    commit = subprocess.run(["git", "rev-parse", "--short", args.commit], cwd=REPO, check=True,
-                            capture_output=True, text=True).stdout.strip()
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    results = {"commit": commit, "checkout": head, "preset": args.preset, "threads": args.threads,
-               "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-                          f"torch {torch.__version__}", "greedy": {}, "training": {}}
-    with tempfile.TemporaryDirectory() as directory:
-        old = import_package_at(args.commit, Path(directory))
-        sizes = dict(vocab_size=VOCAB, max_position_embeddings=256, dropout=0.0)
-        old_config = old.ScratchTransformerConfig.from_preset(args.preset, **sizes)
-        old_model = old.ScratchTransformerForConditionalGeneration(old_config).eval()
-        new_model = ScratchTransformerForConditionalGeneration(
-            ScratchTransformerConfig.from_preset(args.preset, **sizes)).eval()
-        same_weights(old_model, new_model)
-        check = random_batch(rng, sentence_lengths(rng, 8))
-        with torch.no_grad():
-            inputs = {k: check[k] for k in ("input_ids", "attention_mask")}
-            decoder_input_ids = new_model.prepare_decoder_input_ids_from_labels(check["labels"])
-            difference = (old_model(**inputs, decoder_input_ids=decoder_input_ids).logits
-                          - new_model(**inputs, decoder_input_ids=decoder_input_ids).logits).abs().max().item()
-        results["max_abs_logit_difference"] = difference
-        assert difference < 1e-4, difference
+    return parser.parse_args()
 
-        for batch_size in (1, 32):
-            batch = random_batch(rng, sentence_lengths(rng, batch_size))
-            functions, outputs = greedy_functions(old_model, new_model, batch, args.new_tokens)
-            seconds = time_alternating(functions, args.repeats)
-            same = {name: bool(torch.equal(outputs[name], outputs["commit"])) for name in outputs}
-            tokens = batch_size * args.new_tokens
-            results["greedy"][f"batch_{batch_size}"] = {
-                name: {"tokens_per_s": tokens / s, "vs_commit": seconds["commit"] / s, "same_tokens": same[name]}
-                for name, s in seconds.items()
-            }
-            print(json.dumps({f"greedy batch {batch_size}": results["greedy"][f"batch_{batch_size}"]}), flush=True)
 
-        if not args.skip_training:
-            for kind in ("bucketed", "random"):
-                batches = training_batches(rng, kind, 4)
-                seconds = time_alternating(train_functions(old_model, new_model, batches), args.repeats)
-                tokens = sum(int(b["attention_mask"].sum()) + int((b["labels"] != -100).sum()) for b in batches)
-                results["training"][kind] = {
-                    "padding_share": padding_share(batches),
-                    **{name: {"tokens_per_s": tokens / s, "vs_commit": seconds["commit"] / s}
-                       for name, s in seconds.items()},
-                }
-                print(json.dumps({f"training {kind}": results["training"][kind]}), flush=True)
+def short_commit(revision: str) -> str:
+    return subprocess.run(["git", "rev-parse", "--short", revision], cwd=REPO, check=True, capture_output=True,
+                          text=True).stdout.strip()
 
-    RESULTS.mkdir(exist_ok=True)
-    name = f"against_{commit}_{args.preset}"
-    (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2))
-    lines = [f"# {args.preset}: checkout {head} against commit {commit}", "",
-             f"{results['machine']}; same weights (max |logit difference| {difference:.1e}); median of "
-             f"{args.repeats} alternated runs; {args.new_tokens} new tokens per sentence.", "",
+
+def model_pair(old, preset: str):
+    """The old commit's model and this checkout's, same sizes and weights (no dropout)."""
+    sizes = dict(vocab_size=VOCAB, max_position_embeddings=256, dropout=0.0)
+    old_config = old.ScratchTransformerConfig.from_preset(preset, **sizes)
+    old_model = old.ScratchTransformerForConditionalGeneration(old_config)
+    new_model = ScratchTransformerForConditionalGeneration(ScratchTransformerConfig.from_preset(preset, **sizes))
+    same_weights(old_model.eval(), new_model.eval())
+    return old_model, new_model
+
+
+@torch.no_grad()
+def logit_difference(old_model, new_model, batch) -> float:
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    decoder_input_ids = new_model.prepare_decoder_input_ids_from_labels(batch["labels"])
+    return (old_model(**inputs, decoder_input_ids=decoder_input_ids).logits
+            - new_model(**inputs, decoder_input_ids=decoder_input_ids).logits).abs().max().item()
+
+
+def measure_greedy(old_model, new_model, rng, args) -> dict:
+    figures = {}
+    for batch_size in (1, 32):
+        batch = random_batch(rng, sentence_lengths(rng, batch_size))
+        functions, outputs = greedy_functions(old_model, new_model, batch, args.new_tokens)
+        seconds = median_seconds(functions, args.repeats)
+        same = {name: bool(torch.equal(outputs[name], outputs["commit"])) for name in outputs}
+        tokens = batch_size * args.new_tokens
+        figures[f"batch_{batch_size}"] = {
+            name: {"tokens_per_s": tokens / s, "vs_commit": seconds["commit"] / s, "same_tokens": same[name]}
+            for name, s in seconds.items()
+        }
+        print(f"greedy batch {batch_size}: {figures[f'batch_{batch_size}']}", flush=True)
+    return figures
+
+
+def measure_training(old_model, new_model, rng, args) -> dict:
+    figures = {}
+    for kind in ("bucketed", "random"):
+        batches = training_batches(rng, kind, 4)
+        seconds = median_seconds(train_functions(old_model, new_model, batches), args.repeats)
+        tokens = sum(sum(batch_tokens(b)) for b in batches)
+        figures[kind] = {"padding_share": padding_share(batches),
+                         **{name: {"tokens_per_s": tokens / s, "vs_commit": seconds["commit"] / s}
+                            for name, s in seconds.items()}}
+        print(f"training {kind}: {figures[kind]}", flush=True)
+    return figures
+
+
+def render_markdown(results: dict, args) -> str:
+    lines = [f"# {args.preset}: checkout {results['checkout']} against commit {results['commit']}", "",
+             f"{machine_line(results['machine'])} Same weights (max |logit difference| "
+             f"{results['max_abs_logit_difference']:.1e}); median of {args.repeats} alternated runs; "
+             f"{args.new_tokens} new tokens per sentence.", "",
              "| greedy | path | new tokens/s | vs commit | same tokens |", "|---|---|---:|---:|---|"]
     for batch_name, paths in results["greedy"].items():
         for path, figures in paths.items():
@@ -242,8 +213,27 @@ def main() -> None:
         for kind, figures in results["training"].items():
             lines.append(f"| {kind} | {figures['padding_share']:.1%} | {figures['commit']['tokens_per_s']:.0f} | "
                          f"{figures['checkout']['tokens_per_s']:.0f} | {figures['checkout']['vs_commit']:.2f}x |")
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    args = parse_arguments()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    results = {"commit": short_commit(args.commit), "checkout": short_commit("HEAD"), "preset": args.preset,
+               "threads": args.threads, "machine": machine_info(args.threads), "greedy": {}, "training": {}}
+    with tempfile.TemporaryDirectory() as directory:
+        old_model, new_model = model_pair(import_package_at(args.commit, Path(directory)), args.preset)
+        difference = logit_difference(old_model, new_model, random_batch(rng, sentence_lengths(rng, 8)))
+        results["max_abs_logit_difference"] = difference
+        assert difference < 1e-4, difference
+        results["greedy"] = measure_greedy(old_model, new_model, rng, args)
+        if not args.skip_training:
+            results["training"] = measure_training(old_model, new_model, rng, args)
+    markdown = render_markdown(results, args)
+    write_results(results, RESULTS / f"against_{results['commit']}_{args.preset}.json", markdown)
+    print(markdown)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT, machine_info
+
 TEST_FILE = ROOT / "hf_scratch_transformer" / "corpus" / "bible_en_es.test.jsonl.gz"
 
 
@@ -34,6 +34,37 @@ def test_split(source_lang="en", target_lang="es"):
     with gzip.open(TEST_FILE, "rt", encoding="utf-8") as handle:
         rows = [json.loads(line)["translation"] for line in handle]
     return [row[source_lang] for row in rows], [row[target_lang] for row in rows]
+
+
+def generate_engine(path: str, max_new_tokens: int):
+    """This package's generate(): (run(texts, batch_size, num_beams), decode(ids), weights on disk, model)."""
+    import transformers
+
+    from hf_scratch_transformer.translate import decode_ids, generate_ids, load_model_and_tokenizer
+
+    transformers.logging.set_verbosity_error()
+    model, tokenizer = load_model_and_tokenizer(path, "cpu")
+
+    def run(texts, batch_size, num_beams=1):
+        return generate_ids(model, tokenizer, texts, batch_size=batch_size, num_beams=num_beams,
+                            max_new_tokens=max_new_tokens)
+
+    size = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+    return run, lambda ids: decode_ids(tokenizer, ids), size, model
+
+
+def ct2_engine(path: str, threads: int, max_new_tokens: int):
+    """A CTranslate2 export: (run, decode, weights on disk, None)."""
+    from hf_scratch_transformer.export_ct2 import CT2Translator
+    from hf_scratch_transformer.translate import decode_ids
+
+    translator = CT2Translator(path, device="cpu", intra_threads=threads)
+
+    def run(texts, batch_size, num_beams=1):
+        return translator.generate_ids(texts, batch_size=batch_size, num_beams=num_beams,
+                                       max_new_tokens=max_new_tokens)
+
+    return run, lambda ids: decode_ids(translator.tokenizer, ids), (Path(path) / "model.bin").stat().st_size, None
 
 
 def worker(engine: str, path: str, threads: int, batch1_sentences: int, max_new_tokens: int, beam: bool) -> dict:
@@ -44,35 +75,9 @@ def worker(engine: str, path: str, threads: int, batch1_sentences: int, max_new_
     torch.set_num_threads(threads)
     sources, references = test_split()
     if engine == "generate":
-        import transformers
-
-        from hf_scratch_transformer.translate import decode_ids, generate_ids, load_model_and_tokenizer
-
-        transformers.logging.set_verbosity_error()
-        model, tokenizer = load_model_and_tokenizer(path, "cpu")
-
-        def run(texts, batch_size, num_beams=1):
-            return generate_ids(model, tokenizer, texts, batch_size=batch_size, num_beams=num_beams,
-                                max_new_tokens=max_new_tokens)
-
-        def decode(ids):
-            return decode_ids(tokenizer, ids)
-
-        size = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+        run, decode, size, model = generate_engine(path, max_new_tokens)
     else:
-        from hf_scratch_transformer.export_ct2 import CT2Translator
-        from hf_scratch_transformer.translate import decode_ids
-
-        translator = CT2Translator(path, device="cpu", intra_threads=threads)
-
-        def run(texts, batch_size, num_beams=1):
-            return translator.generate_ids(texts, batch_size=batch_size, num_beams=num_beams,
-                                           max_new_tokens=max_new_tokens)
-
-        def decode(ids):
-            return decode_ids(translator.tokenizer, ids)
-
-        size = (Path(path) / "model.bin").stat().st_size
+        run, decode, size, model = ct2_engine(path, threads, max_new_tokens)
     run(sources[:32], 32)  # warm-up
     start = time.perf_counter()
     ids = run(sources, 32)
@@ -82,7 +87,7 @@ def worker(engine: str, path: str, threads: int, batch1_sentences: int, max_new_
     seconds_1 = time.perf_counter() - start
     hypotheses = [decode(x) for x in ids]
     result = {
-        "engine": engine, "path": path, "size_bytes": size, "threads": threads,
+        "engine": engine, "path": path, "size_bytes": size, "threads": threads, "machine": machine_info(threads),
         "batch32": {"seconds": seconds_32, "new_tokens": sum(map(len, ids)),
                     "tokens_per_s": sum(map(len, ids)) / seconds_32},
         "batch1": {"seconds": seconds_1, "sentences": batch1_sentences, "new_tokens": sum(map(len, ids_1)),
@@ -92,7 +97,7 @@ def worker(engine: str, path: str, threads: int, batch1_sentences: int, max_new_
         "ids": ids, "ids_batch1": ids_1,
     }
     if beam:
-        if engine == "generate":
+        if model is not None:
             model.generation_config.early_stopping = True
         beam_ids = run(sources, 32, num_beams=4)
         result["beam4"] = {"ids": beam_ids,

@@ -6,7 +6,7 @@ Covers parts 1-3 of the benchmark issue:
      against this machine's measured fp32 matmul peak;
   2. generation throughput (new tokens/s; greedy and beam 4; batch 1 and 32; fixed number of new tokens),
      with identical weights in both models (and in CTranslate2 for the greedy reference row);
-  3. peak memory (ru_maxrss) of training and of generation, each in a fresh subprocess.
+  3. peak memory (VmHWM) of training and of generation, each in a fresh subprocess.
 
 Both models get the same sizes, the same weights (copied ours -> Marian, including our sinusoid table, so the
 logits agree to float rounding; checked at start-up), the same batches and the same thread count. Repetitions
@@ -15,21 +15,20 @@ alternate the two models (A B, B A, A B, ...) to cancel drift on a shared machin
     python benchmarks/bench_speed.py --quick                 # ~2-3 min, small preset only
     python benchmarks/bench_speed.py                         # small + base, ~10 min on 2 cores
     python benchmarks/bench_speed.py --presets small --repeats 7
+    python benchmarks/bench_speed.py --ablate --threads 1      # each speed trick on and off (speed_ablation.py)
 
-Writes benchmarks/results/speed.json, speed.md and the torch.profiler tables profile_*.txt.
+Writes benchmarks/results/speed.json, speed.md and the torch.profiler tables profile_*.txt (--ablate:
+ablation.json and ablation.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import gc
 import json
 import math
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,161 +37,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers.utils import logging as hf_logging
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import transformers  # noqa: E402
-from transformers import GenerationConfig, MarianConfig, MarianMTModel  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
-
-from hf_scratch_transformer.configuration_scratch_transformer import ScratchTransformerConfig  # noqa: E402
-from hf_scratch_transformer.modeling_scratch_transformer import (  # noqa: E402
-    ScratchTransformerForConditionalGeneration,
+from common import (
+    FIRST_REAL_TOKEN, MARIAN, OURS, PAD, RESULTS, VOCAB, alternate, batch_tokens, build_pair, equivalence_check,
+    machine_info, median, param_counts, random_batch, run_generate, time_call, training_flops, write_results,
 )
 
 hf_logging.set_verbosity_error()
-RESULTS = Path(__file__).resolve().parent / "results"
-VOCAB = 8000
-PAD, BOS, EOS = 0, 1, 2
-FIRST_REAL_TOKEN = 4  # 0 pad, 1 <s>, 2 </s>, 3 <unk>
-OURS, MARIAN = "scratch", "marian"
-
-
-# ----------------------------------------------------------------------------------------------------- data
-def sentence_lengths(rng: np.random.Generator, n: int) -> np.ndarray:
-    """Subword lengths of n sentences: a log-normal with mean ~30 and median ~28, clipped to 10..60 tokens
-    (roughly what a 8k BPE gives on Bible / news sentences)."""
-    return np.clip(np.round(rng.lognormal(mean=math.log(28.0), sigma=0.4, size=n)), 10, 60).astype(int)
-
-
-def make_batch(rng: np.random.Generator, batch_size: int) -> dict[str, torch.Tensor]:
-    """Random ids with realistic lengths, right-padded; targets ~ source length x U(0.8, 1.25); both end in </s>.
-
-    Returns input_ids / attention_mask (B, S) and labels (B, T) with -100 on padding, the collator's format."""
-    src_len = sentence_lengths(rng, batch_size)
-    tgt_len = np.clip(np.round(src_len * rng.uniform(0.8, 1.25, batch_size)), 10, 60).astype(int)
-    input_ids = torch.full((batch_size, int(src_len.max())), PAD, dtype=torch.long)
-    labels = torch.full((batch_size, int(tgt_len.max())), -100, dtype=torch.long)
-    for i, (s, t) in enumerate(zip(src_len, tgt_len)):
-        input_ids[i, : s - 1] = torch.from_numpy(rng.integers(FIRST_REAL_TOKEN, VOCAB, s - 1))
-        input_ids[i, s - 1] = EOS
-        labels[i, : t - 1] = torch.from_numpy(rng.integers(FIRST_REAL_TOKEN, VOCAB, t - 1))
-        labels[i, t - 1] = EOS
-    return {"input_ids": input_ids, "attention_mask": (input_ids != PAD).long(), "labels": labels}
-
-
-def batch_tokens(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
-    """(non-pad source tokens, non-pad target tokens)."""
-    return int(batch["attention_mask"].sum()), int((batch["labels"] != -100).sum())
-
-
-# --------------------------------------------------------------------------------------------------- models
-def build_pair(preset: str, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """Our model (random init, seeded) and a MarianMTModel of identical sizes holding the same weights."""
-    torch.manual_seed(seed)
-    cfg = ScratchTransformerConfig.from_preset(
-        preset, vocab_size=VOCAB, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0
-    )
-    ours = ScratchTransformerForConditionalGeneration(cfg)
-    mcfg = MarianConfig(
-        vocab_size=VOCAB, decoder_vocab_size=VOCAB, d_model=cfg.d_model,
-        encoder_layers=cfg.encoder_layers, decoder_layers=cfg.decoder_layers,
-        encoder_attention_heads=cfg.encoder_attention_heads, decoder_attention_heads=cfg.decoder_attention_heads,
-        encoder_ffn_dim=cfg.encoder_ffn_dim, decoder_ffn_dim=cfg.decoder_ffn_dim,
-        dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
-        activation_function="relu", scale_embedding=True, share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS,
-        decoder_start_token_id=BOS, forced_eos_token_id=None, max_position_embeddings=cfg.max_position_embeddings,
-    )
-    marian = MarianMTModel(mcfg)
-    copy_weights_to_marian(ours, marian)
-    return ours, marian
-
-
-@torch.no_grad()
-def copy_weights_to_marian(ours, marian) -> None:
-    """Copy every weight; split packed QKV (q,k,v rows) and cross KV (k,v rows); copy our interleaved sinusoid
-    table into Marian's position embedding so the two compute the same function."""
-    o, m = ours.model, marian.model
-    m.shared.weight.copy_(o.shared.weight)
-    assert marian.lm_head.weight.data_ptr() == m.shared.weight.data_ptr(), "Marian lm_head is not tied"
-    for stack_o, stack_m in ((o.encoder, m.encoder), (o.decoder, m.decoder)):
-        stack_m.embed_positions.weight.copy_(stack_o.embed_positions.pe[: stack_m.embed_positions.weight.shape[0]])
-
-    def lin(dst, src):  # also LayerNorms; both store linear weights as (out, in)
-        dst.weight.copy_(src.weight)
-        dst.bias.copy_(src.bias)
-
-    def split(dsts, src):  # packed projections stack the q, k, v (or k, v) rows
-        for dst, w, b in zip(dsts, src.weight.chunk(len(dsts), 0), src.bias.chunk(len(dsts), 0)):
-            dst.weight.copy_(w)
-            dst.bias.copy_(b)
-
-    for lo, lm in zip(o.encoder.layers, m.encoder.layers):
-        split([lm.self_attn.q_proj, lm.self_attn.k_proj, lm.self_attn.v_proj], lo.self_attn.qkv_proj)
-        lin(lm.self_attn.out_proj, lo.self_attn.out_proj)
-        lin(lm.self_attn_layer_norm, lo.self_attn_layer_norm)
-        lin(lm.fc1, lo.feed_forward.fc1)
-        lin(lm.fc2, lo.feed_forward.fc2)
-        lin(lm.final_layer_norm, lo.final_layer_norm)
-    for lo, lm in zip(o.decoder.layers, m.decoder.layers):
-        split([lm.self_attn.q_proj, lm.self_attn.k_proj, lm.self_attn.v_proj], lo.self_attn.qkv_proj)
-        lin(lm.self_attn.out_proj, lo.self_attn.out_proj)
-        lin(lm.self_attn_layer_norm, lo.self_attn_layer_norm)
-        lin(lm.encoder_attn.q_proj, lo.cross_attn.q_proj)
-        split([lm.encoder_attn.k_proj, lm.encoder_attn.v_proj], lo.cross_attn.kv_proj)
-        lin(lm.encoder_attn.out_proj, lo.cross_attn.out_proj)
-        lin(lm.encoder_attn_layer_norm, lo.cross_attn_layer_norm)
-        lin(lm.fc1, lo.feed_forward.fc1)
-        lin(lm.fc2, lo.feed_forward.fc2)
-        lin(lm.final_layer_norm, lo.final_layer_norm)
-    marian.final_logits_bias.zero_()
-
-
-@torch.no_grad()
-def equivalence_check(ours, marian, batch) -> dict:
-    ours.eval(), marian.eval()
-    kw = {k: batch[k] for k in ("input_ids", "attention_mask", "labels")}
-    a, b = ours(**kw), marian(**kw)
-    mask = batch["labels"] != -100
-    diff = (a.logits - b.logits)[mask].abs().max().item()
-    return {"max_abs_logit_diff": diff, "loss_ours": a.loss.item(), "loss_marian": b.loss.item()}
-
-
-def param_counts(cfg) -> dict[str, int]:
-    """Weights that take part in matmuls, per token of each kind (biases, norms, embeddings lookups excluded)."""
-    D, F, V = cfg.d_model, cfg.encoder_ffn_dim, cfg.vocab_size
-    Fd = cfg.decoder_ffn_dim
-    return {
-        "encoder_per_src_token": cfg.encoder_layers * (4 * D * D + 2 * D * F),
-        "cross_kv_per_src_token": cfg.decoder_layers * 2 * D * D,
-        "decoder_per_tgt_token": cfg.decoder_layers * (4 * D * D + 2 * D * D + 2 * D * Fd) + D * V,
-    }
-
-
-def training_flops(cfg, batch) -> float:
-    """Model FLOPs of one forward + backward on `batch`, counting only non-pad tokens (documented in README).
-
-    forward matmul FLOPs = 2 x (weights used) per token; backward = 2 x forward -> 6 x weights x tokens.
-    Attention (QK^T and AV, 2 matmuls of 2*L*D FLOPs per query and layer): encoder self 4*D*sum(S_i^2),
-    decoder self 4*D*sum(T_i^2)/2 (causal half), cross 4*D*sum(S_i*T_i); times 3 for training."""
-    p = param_counts(cfg)
-    src = batch["attention_mask"].sum(1).double()
-    tgt = (batch["labels"] != -100).sum(1).double()
-    D = cfg.d_model
-    dense = 6 * (src.sum() * (p["encoder_per_src_token"] + p["cross_kv_per_src_token"])
-                 + tgt.sum() * p["decoder_per_tgt_token"])
-    attn = 3 * 4 * D * (cfg.encoder_layers * (src**2).sum()
-                        + cfg.decoder_layers * ((tgt**2).sum() / 2 + (src * tgt).sum()))
-    return float(dense + attn)
 
 
 # ------------------------------------------------------------------------------------------------ utilities
-def median(xs):
-    return float(statistics.median(xs))
-
-
 def measure_matmul_peak(quick: bool) -> dict:
     """Best-of-sizes median GFLOP/s of a square fp32 torch.mm with the benchmark's thread count."""
     out = {}
@@ -211,28 +66,12 @@ def measure_matmul_peak(quick: bool) -> dict:
     return {"gflops_by_size": out, "peak_gflops": max(out.values())}
 
 
-def alternate(names, rep):
-    return names if rep % 2 == 0 else names[::-1]
-
-
 def share_identical(reference: list, sequences: list) -> float:
     """Share of sentences for which two systems produced the same token ids."""
     return sum(a == b for a, b in zip(reference, sequences)) / len(sequences)
 
 
 # -------------------------------------------------------------------------------------------------- kernels
-def time_call(fn, repeats: int = 50) -> float:
-    """Median seconds of fn() after warm-up."""
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return median(times)
-
-
 def measure_kernels(cfg) -> dict:
     """The single kernels behind two design choices, at this preset's shapes:
 
@@ -320,22 +159,6 @@ def bench_training(models: dict, cfg, batches, repeats, warmup, steps_per_rep) -
 
 
 # ----------------------------------------------------------------------------------------------- generation
-def gen_config(num_beams, new_tokens):
-    return GenerationConfig(
-        decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
-        num_beams=num_beams, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-        early_stopping=True if num_beams > 1 else False, use_cache=True,
-    )
-
-
-@torch.inference_mode()
-def run_generate(model, batch, num_beams, new_tokens):
-    return model.generate(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-        generation_config=gen_config(num_beams, new_tokens),
-    )
-
-
 def bench_generation(models: dict, batch, num_beams, new_tokens, repeats, warmup) -> tuple[dict, list]:
     """new tokens/s of each model's generate(), alternated ABAB; returns the figures and our sequences."""
     for m in models.values():
@@ -515,13 +338,13 @@ def memory_worker(model_name, preset, task, new_tokens, seed) -> None:
     gc.collect()
     rng = np.random.default_rng(seed + 1)
     if task == "train":
-        batches = [make_batch(rng, 64) for _ in range(3)]
+        batches = [random_batch(rng, 64) for _ in range(3)]
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         run = lambda: [train_step(model, opt, b) for b in batches]  # noqa: E731
     else:
         _, beams, bs = task.split("_")  # e.g. generate_beam4_b32
-        batch = make_batch(rng, int(bs[1:]))
+        batch = random_batch(rng, int(bs[1:]))
         beams = 1 if beams == "greedy" else int(beams.replace("beam", ""))
         run = lambda: run_generate(model, batch, beams, new_tokens)  # noqa: E731
     gc.collect()
@@ -560,46 +383,6 @@ def measure_memory(model_name, preset, task, new_tokens, seed, threads) -> dict:
     return json.loads(line[len("MEMORY_JSON "):])
 
 
-# ----------------------------------------------------------------------------------------------- machine
-def machine_info(threads) -> dict:
-    cpu = platform.processor()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    flags = ""
-    try:
-        flags = next(l for l in open("/proc/cpuinfo") if l.startswith("flags"))
-    except (OSError, StopIteration):
-        pass
-    info = {
-        "cpu": cpu,
-        "logical_cpus": os.cpu_count(),
-        "torch_threads": threads,
-        "avx512f": " avx512f" in flags, "amx": " amx_tile" in flags,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "platform": platform.platform(),
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-    }
-    try:
-        import ctranslate2
-
-        info["ctranslate2"] = ctranslate2.__version__
-    except ImportError:
-        info["ctranslate2"] = None
-    try:
-        info["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                            text=True).stdout.strip()
-    except OSError:
-        pass
-    return info
-
-
 # ------------------------------------------------------------------------------------------------- report
 def ratio(a, b):
     return a / b if b else float("nan")
@@ -607,34 +390,34 @@ def ratio(a, b):
 
 def targets(results) -> list[dict]:
     rows = []
-    for preset, r in results["presets"].items():
-        tr = r["training"]
-        x = ratio(tr[OURS]["tokens_per_s"], tr[MARIAN]["tokens_per_s"])
-        rows.append(dict(target=f"[{preset}] training tokens/s >= 1.3x MarianMT", value=f"{x:.2f}x",
-                         met=x >= 1.3, gap=None if x >= 1.3 else f"{(1.3 / x - 1) * 100:.0f}% short"))
-        mfu = tr[OURS]["mfu"]
+    for preset, figures in results["presets"].items():
+        training = figures["training"]
+        speedup = ratio(training[OURS]["tokens_per_s"], training[MARIAN]["tokens_per_s"])
+        rows.append(dict(target=f"[{preset}] training tokens/s >= 1.3x MarianMT", value=f"{speedup:.2f}x",
+                         met=speedup >= 1.3, gap=None if speedup >= 1.3 else f"{(1.3 / speedup - 1) * 100:.0f}% short"))
+        mfu = training[OURS]["mfu"]
         rows.append(dict(target=f"[{preset}] training MFU >= 70% of measured matmul peak", value=f"{mfu * 100:.0f}%",
                          met=mfu >= 0.70, gap=None if mfu >= 0.7 else f"{(0.70 - mfu) * 100:.0f} points short"))
-        for bs in ("b1", "b32"):
-            g = r["generation"].get(f"greedy_{bs}")
-            if not g:
+        for size in ("b1", "b32"):
+            greedy = figures["generation"].get(f"greedy_{size}")
+            if not greedy:
                 continue
-            x = ratio(g[OURS]["tokens_per_s"], g[MARIAN]["tokens_per_s"])
-            rows.append(dict(target=f"[{preset}] greedy {bs} tokens/s >= 2x MarianMT", value=f"{x:.2f}x",
-                             met=x >= 2, gap=None if x >= 2 else f"{(2 / x - 1) * 100:.0f}% short"))
-            if "ctranslate2" in g:
-                y = ratio(g["ctranslate2"]["tokens_per_s"], g[OURS]["tokens_per_s"])
-                rows.append(dict(target=f"[{preset}] greedy {bs}: CTranslate2 fp32 <= 2x our speed",
-                                 value=f"CT2 is {y:.2f}x ours", met=y <= 2,
-                                 gap=None if y <= 2 else f"we need {y / 2:.2f}x more speed"))
-        mem = r.get("memory", {}).get("train")
+            speedup = ratio(greedy[OURS]["tokens_per_s"], greedy[MARIAN]["tokens_per_s"])
+            rows.append(dict(target=f"[{preset}] greedy {size} tokens/s >= 2x MarianMT", value=f"{speedup:.2f}x",
+                             met=speedup >= 2, gap=None if speedup >= 2 else f"{(2 / speedup - 1) * 100:.0f}% short"))
+            if "ctranslate2" in greedy:
+                ct2_ratio = ratio(greedy["ctranslate2"]["tokens_per_s"], greedy[OURS]["tokens_per_s"])
+                rows.append(dict(target=f"[{preset}] greedy {size}: CTranslate2 fp32 <= 2x our speed",
+                                 value=f"CT2 is {ct2_ratio:.2f}x ours", met=ct2_ratio <= 2,
+                                 gap=None if ct2_ratio <= 2 else f"we need {ct2_ratio / 2:.2f}x more speed"))
+        mem = figures.get("memory", {}).get("train")
         if mem:
-            a, b = mem[OURS]["task_delta_mib"], mem[MARIAN]["task_delta_mib"]
+            ours_mib, marian_mib = mem[OURS]["task_delta_mib"], mem[MARIAN]["task_delta_mib"]
             rows.append(dict(target=f"[{preset}] peak training memory <= MarianMT's",
-                             value=f"{a:.0f} vs {b:.0f} MiB (task delta); peak RSS "
+                             value=f"{ours_mib:.0f} vs {marian_mib:.0f} MiB (task delta); peak RSS "
                                    f"{mem[OURS]['peak_rss_mib']:.0f} vs {mem[MARIAN]['peak_rss_mib']:.0f} MiB",
-                             met=a <= b and mem[OURS]["peak_rss_mib"] <= mem[MARIAN]["peak_rss_mib"],
-                             gap=None if a <= b else f"{(a / b - 1) * 100:.0f}% more"))
+                             met=ours_mib <= marian_mib and mem[OURS]["peak_rss_mib"] <= mem[MARIAN]["peak_rss_mib"],
+                             gap=None if ours_mib <= marian_mib else f"{(ours_mib / marian_mib - 1) * 100:.0f}% more"))
     return rows
 
 
@@ -644,15 +427,36 @@ def real_share(results) -> float:
     return real / padded
 
 
+def kernel_section(preset: str, figures: dict, peak_gflops: float) -> list[str]:
+    """The Markdown lines of the kernel table of one preset."""
+    kernels = figures["kernels"]
+    lines = ["", f"## Kernels at the {preset} preset's shapes", "",
+          "Decode-step projections: time of one call with W stored (out, in), as nn.Linear, against (in, out), as "
+          "our `Projection` (transformers' Conv1D layout); the output projection (tied to the (V, D) embedding) "
+          "as F.linear(x, W) against (W @ xᵀ)ᵀ.", "",
+          "| projection | rows | (out, in), µs | (in, out), µs | speed-up |", "|---|---:|---:|---:|---:|"]
+    for key, timing in kernels["decode"].items():
+        name, rows = key.rsplit("_rows", 1)
+        lines.append(f"| {name} | {rows} | {timing['linear_us']:.1f} | {timing['in_out_us']:.1f} | {timing['speedup']:.2f}x |")
+    lines += ["", f"Greedy token choice over (32, {figures['config']['vocab_size']}) scores: argmax {kernels['argmax_us']:.0f} µs, "
+          f"max().indices {kernels['max_indices_us']:.0f} µs (same result: the first maximum).", "",
+          f"Training matmuls alone (forward + backward, {kernels['training_tokens']:,} tokens, fp32): "
+          + ", ".join(f"{shape} {gflops:.0f}" for shape, gflops in kernels["training_matmul_gflops"].items())
+          + f" GFLOP/s, i.e. {min(kernels['training_matmul_gflops'].values()) / peak_gflops:.0%}-"
+          f"{max(kernels['training_matmul_gflops'].values()) / peak_gflops:.0%} of the measured peak: "
+          "the ceiling for MFU before softmax, norms, dropout, attention and the optimiser take their share."]
+    return lines
+
+
 def render_markdown(results) -> str:
-    m = results["machine"]
-    L = [
+    machine = results["machine"]
+    lines = [
         "# Speed and memory: hf_scratch_transformer vs MarianMTModel",
         "",
-        f"Machine: **{m['cpu']}**, {m['logical_cpus']} logical CPUs, torch threads {m['torch_threads']}, "
-        f"AVX-512 {'yes' if m['avx512f'] else 'no'}, AMX {'yes' if m['amx'] else 'no'}; "
-        f"Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, "
-        f"CTranslate2 {m.get('ctranslate2') or 'not installed'}; {m['date_utc']} UTC, commit {m.get('git_commit', '?')}.",
+        f"Machine: **{machine['cpu']}**, {machine['logical_cpus']} logical CPUs, torch threads {machine['torch_threads']}, "
+        f"AVX-512 {'yes' if machine['avx512f'] else 'no'}, AMX {'yes' if machine['amx'] else 'no'}; "
+        f"Python {machine['python']}, torch {machine['torch']}, transformers {machine['transformers']}, "
+        f"CTranslate2 {machine.get('ctranslate2') or 'not installed'}; {machine['date_utc']} UTC, commit {machine.get('git_commit', '?')}.",
         f"Mode: {'quick' if results['settings']['quick'] else 'full'}; "
         f"{results['settings']['repeats']} timed repetitions per figure (median, models alternated ABAB) after "
         f"{results['settings']['warmup']} warm-up; {results['settings']['new_tokens']} new tokens per sentence in "
@@ -667,63 +471,47 @@ def render_markdown(results) -> str:
         "| preset | measure | scratch | MarianMT | ratio | CTranslate2 fp32 |",
         "|---|---|---:|---:|---:|---:|",
     ]
-    for preset, r in results["presets"].items():
-        tr = r["training"]
-        L.append(f"| {preset} | training, non-pad tokens/s (src+tgt) | {tr[OURS]['tokens_per_s']:,.0f} | "
-                 f"{tr[MARIAN]['tokens_per_s']:,.0f} | **{ratio(tr[OURS]['tokens_per_s'], tr[MARIAN]['tokens_per_s']):.2f}x** | |")
-        L.append(f"| {preset} | training MFU (model GFLOP/s / peak) | {tr[OURS]['mfu'] * 100:.1f}% "
-                 f"({tr[OURS]['achieved_gflops']:.0f}) | {tr[MARIAN]['mfu'] * 100:.1f}% ({tr[MARIAN]['achieved_gflops']:.0f}) | | |")
-        for key, g in r["generation"].items():
-            mode, bs = key.split("_")
-            ct = g.get("ctranslate2")
-            ct_s = f"{ct['tokens_per_s']:,.0f}" + (f" ({ct['intra_threads']} thr)" if "intra_threads" in ct else "") if ct else ""
-            L.append(f"| {preset} | {mode} {bs[1:]}x, new tokens/s | {g[OURS]['tokens_per_s']:,.0f} | "
-                     f"{g[MARIAN]['tokens_per_s']:,.0f} | **{ratio(g[OURS]['tokens_per_s'], g[MARIAN]['tokens_per_s']):.2f}x** | {ct_s} |")
-        for task, mem in r.get("memory", {}).items():
-            L.append(f"| {preset} | peak RSS {task}, MiB (task delta) | {mem[OURS]['peak_rss_mib']:,.0f} "
+    for preset, figures in results["presets"].items():
+        training = figures["training"]
+        lines.append(f"| {preset} | training, non-pad tokens/s (src+tgt) | {training[OURS]['tokens_per_s']:,.0f} | "
+                 f"{training[MARIAN]['tokens_per_s']:,.0f} | **{ratio(training[OURS]['tokens_per_s'], training[MARIAN]['tokens_per_s']):.2f}x** | |")
+        lines.append(f"| {preset} | training MFU (model GFLOP/s / peak) | {training[OURS]['mfu'] * 100:.1f}% "
+                 f"({training[OURS]['achieved_gflops']:.0f}) | {training[MARIAN]['mfu'] * 100:.1f}% ({training[MARIAN]['achieved_gflops']:.0f}) | | |")
+        for key, greedy in figures["generation"].items():
+            mode, size = key.split("_")
+            ct2 = greedy.get("ctranslate2")
+            ct2_cell = f"{ct2['tokens_per_s']:,.0f}" + (f" ({ct2['intra_threads']} thr)" if "intra_threads" in ct2 else "") if ct2 else ""
+            lines.append(f"| {preset} | {mode} {size[1:]}x, new tokens/s | {greedy[OURS]['tokens_per_s']:,.0f} | "
+                     f"{greedy[MARIAN]['tokens_per_s']:,.0f} | **{ratio(greedy[OURS]['tokens_per_s'], greedy[MARIAN]['tokens_per_s']):.2f}x** | {ct2_cell} |")
+        for task, mem in figures.get("memory", {}).items():
+            lines.append(f"| {preset} | peak RSS {task}, MiB (task delta) | {mem[OURS]['peak_rss_mib']:,.0f} "
                      f"(+{mem[OURS]['task_delta_mib']:,.0f}) | {mem[MARIAN]['peak_rss_mib']:,.0f} "
                      f"(+{mem[MARIAN]['task_delta_mib']:,.0f}) | {ratio(mem[OURS]['task_delta_mib'], mem[MARIAN]['task_delta_mib']):.2f}x | |")
-    for preset, r in results["presets"].items():
-        k = r.get("kernels")
-        if not k:
-            continue
-        L += ["", f"## Kernels at the {preset} preset's shapes", "",
-              "Decode-step projections: time of one call with W stored (out, in), as nn.Linear, against (in, out), as "
-              "our `Projection` (transformers' Conv1D layout); the output projection (tied to the (V, D) embedding) "
-              "as F.linear(x, W) against (W @ xᵀ)ᵀ.", "",
-              "| projection | rows | (out, in), µs | (in, out), µs | speed-up |", "|---|---:|---:|---:|---:|"]
-        for key, v in k["decode"].items():
-            name, rows = key.rsplit("_rows", 1)
-            L.append(f"| {name} | {rows} | {v['linear_us']:.1f} | {v['in_out_us']:.1f} | {v['speedup']:.2f}x |")
-        L += ["", f"Greedy token choice over (32, {r['config']['vocab_size']}) scores: argmax {k['argmax_us']:.0f} µs, "
-              f"max().indices {k['max_indices_us']:.0f} µs (same result: the first maximum).", "",
-              f"Training matmuls alone (forward + backward, {k['training_tokens']:,} tokens, fp32): "
-              + ", ".join(f"{n} {g:.0f}" for n, g in k["training_matmul_gflops"].items())
-              + f" GFLOP/s, i.e. {min(k['training_matmul_gflops'].values()) / results['mfu_peak_gflops']:.0%}-"
-              f"{max(k['training_matmul_gflops'].values()) / results['mfu_peak_gflops']:.0%} of the measured peak: "
-              "the ceiling for MFU before softmax, norms, dropout, attention and the optimiser take their share."]
-    L += ["", "## Targets", "", "| target | measured | met | gap |", "|---|---|:-:|---|"]
+    for preset, figures in results["presets"].items():
+        if figures.get("kernels"):
+            lines += kernel_section(preset, figures, results["mfu_peak_gflops"])
+    lines += ["", "## Targets", "", "| target | measured | met | gap |", "|---|---|:-:|---|"]
     for t in results["targets"]:
-        L.append(f"| {t['target']} | {t['value']} | {'yes' if t['met'] else '**no**'} | {t['gap'] or ''} |")
-    L += ["", "Parts 4-5 of the issue (BLEU at equal budget, time to quality) are measured by bench_quality.py: "
+        lines.append(f"| {t['target']} | {t['value']} | {'yes' if t['met'] else '**no**'} | {t['gap'] or ''} |")
+    lines += ["", "Parts 4-5 of the issue (BLEU at equal budget, time to quality) are measured by bench_quality.py: "
               "[quality.md](quality.md).", ""]
     checks = []
-    for preset, r in results["presets"].items():
-        e = r["equivalence"]
-        checks.append(f"{preset}: max |logit diff| scratch vs Marian {e['max_abs_logit_diff']:.1e}"
-                      + (f", scratch vs CT2 max |log-prob diff| {r['ct2_logprob_diff']:.1e}" if r.get("ct2_logprob_diff") is not None else ""))
-    L.append("Same-function checks (identical weights): " + "; ".join(checks) + ".")
+    for preset, figures in results["presets"].items():
+        check = figures["equivalence"]
+        checks.append(f"{preset}: max |logit diff| scratch vs Marian {check['max_abs_logit_diff']:.1e}"
+                      + (f", scratch vs CT2 max |log-prob diff| {figures['ct2_logprob_diff']:.1e}" if figures.get("ct2_logprob_diff") is not None else ""))
+    lines.append("Same-function checks (identical weights): " + "; ".join(checks) + ".")
     if results.get("ct2_error"):
-        L.append(f"CTranslate2 row missing: {results['ct2_error']}")
+        lines.append(f"CTranslate2 row missing: {results['ct2_error']}")
     prof = results.get("profiles", {})
     if prof:
-        L.append("Where a target is missed, see the torch.profiler tables: "
+        lines.append("Where a target is missed, see the torch.profiler tables: "
                  + ", ".join(f"[{v}]({v})" for v in prof.values()) + ".")
-    return "\n".join(L) + "\n"
+    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------------------------------- main
-def main():
+def parse_arguments():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small preset, 3 repeats, short generations")
     ap.add_argument("--presets", nargs="+", default=None, help="default: small base (quick: small)")
@@ -735,39 +523,49 @@ def main():
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--no-ct2", action="store_true")
     ap.add_argument("--no-profile", action="store_true")
-    ap.add_argument("--output", default=str(RESULTS / "speed.json"))
+    ap.add_argument("--output", default=None, help="results JSON (default results/speed.json; with --ablate "
+                                                         "results/ablation.json); the .md is written beside it")
     ap.add_argument("--render", metavar="JSON", help="only recompute MFU/targets and rewrite the .md of a results JSON")
+    ap.add_argument("--ablate", action="store_true",
+                    help="instead: each speed trick of our model on and off on the same batches (speed_ablation.py)")
     ap.add_argument("--_memory-worker", nargs=5, help=argparse.SUPPRESS)
     ap.add_argument("--_ct2-worker", nargs=7, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main():
+    args = parse_arguments()
     if args._ct2_worker:
         preset, seed, threads, path, n, reps, warm = args._ct2_worker
         ct2_worker(preset, int(seed), int(threads), path, int(n), int(reps), int(warm))
-        return
-    if args._memory_worker:
+    elif args._memory_worker:
         name, preset, task, n, seed = args._memory_worker
         memory_worker(name, preset, task, int(n), int(seed))
-        return
-    if args.render:
+    elif args.render:
         finish(json.loads(Path(args.render).read_text()), Path(args.render))
-        return
+    elif args.ablate:
+        import speed_ablation
 
+        speed_ablation.run(args)
+    else:
+        compare_with_marian(args)
+
+
+def compare_with_marian(args) -> None:
+    """Parts 1-3 for every preset: generation, CTranslate2, profiles, kernels, training, memory."""
     torch.set_num_threads(args.threads)
     presets = args.presets or (["small"] if args.quick else ["small", "base"])
-    repeats = args.repeats or (3 if args.quick else 5)
-    warmup = args.warmup if args.warmup is not None else 1
-    new_tokens = args.new_tokens or (24 if args.quick else 32)
-    train_batch_size, steps_per_rep = 64, 1
+    settings = dict(quick=args.quick, presets=presets, repeats=args.repeats or (3 if args.quick else 5),
+                    warmup=args.warmup if args.warmup is not None else 1,
+                    new_tokens=args.new_tokens or (24 if args.quick else 32), train_batch_size=64, steps_per_rep=1,
+                    seed=args.seed, vocab_size=VOCAB, length_distribution="lognormal(ln 28, 0.4) clipped to [10, 60]; "
+                    "target = source x U(0.8, 1.25)")
     rng = np.random.default_rng(args.seed + 1)
-    train_batches = [make_batch(rng, train_batch_size) for _ in range(max(4, steps_per_rep * 2))]
-    gen_batches = {"b1": make_batch(rng, 1), "b32": make_batch(rng, 32)}
-
+    train_batches = [random_batch(rng, settings["train_batch_size"]) for _ in range(max(4, settings["steps_per_rep"] * 2))]
+    gen_batches = {"b1": random_batch(rng, 1), "b32": random_batch(rng, 32)}
     results = {
         "machine": machine_info(args.threads),
-        "settings": dict(quick=args.quick, presets=presets, repeats=repeats, warmup=warmup, new_tokens=new_tokens,
-                         train_batch_size=train_batch_size, steps_per_rep=steps_per_rep, seed=args.seed,
-                         vocab_size=VOCAB, length_distribution="lognormal(ln 28, 0.4) clipped to [10, 60]; "
-                         "target = source x U(0.8, 1.25)"),
+        "settings": settings,
         "train_batches": [dict(zip(("src_tokens", "tgt_tokens"), batch_tokens(b)),
                                padded_shape=[list(b["input_ids"].shape), list(b["labels"].shape)])
                           for b in train_batches],
@@ -776,72 +574,79 @@ def main():
     print(f"machine: {results['machine']['cpu']}, threads {args.threads}", flush=True)
     results["matmul_peak"] = peak = measure_matmul_peak(args.quick)
     print(f"fp32 matmul peak: {peak['peak_gflops']:.0f} GFLOP/s", flush=True)
-
     for preset in presets:
-        ours, marian = build_pair(preset, args.seed)
-        cfg = ours.config
-        r = results["presets"][preset] = {
-            "config": {k: getattr(cfg, k) for k in ("d_model", "encoder_layers", "decoder_layers",
-                                                    "encoder_attention_heads", "encoder_ffn_dim", "vocab_size", "dropout")},
-            "parameters": sum(p.numel() for p in ours.parameters()),
-            "parameters_marian": sum(p.numel() for p in marian.parameters()),
-            "matmul_params_per_token": param_counts(cfg),
-            "equivalence": equivalence_check(ours, marian, train_batches[0]),
-        }
-        print(f"[{preset}] params {r['parameters']:,}; equivalence {r['equivalence']}", flush=True)
-
-        # 2. generation (before training changes the weights; both hold the same weights anyway)
-        r["generation"], our_sequences = {}, {}
-        for mode, beams in (("greedy", 1), ("beam4", 4)):
-            for bs, batch in gen_batches.items():
-                res, our_sequences[f"{mode}_{bs}"] = bench_generation(
-                    {OURS: ours, MARIAN: marian}, batch, beams, new_tokens, repeats, warmup)
-                r["generation"][f"{mode}_{bs}"] = res
-                print(f"[{preset}] {mode} {bs}: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in res.items()),
-                      flush=True)
-        if not args.no_ct2:  # in its own process (see ct2_worker), same weights and batches
-            try:
-                ct2 = measure_ct2(preset, args.seed, args.threads, gen_batches, train_batches[0], new_tokens,
-                                  repeats, warmup)
-                r["ct2_logprob_diff"] = ct2["logprob_diff"]
-                results["machine"]["ctranslate2"] = ct2["version"]
-                for bs, res in ct2["greedy"].items():
-                    sequences = res.pop("sequences")
-                    res["same_output_as_scratch"] = share_identical(our_sequences[f"greedy_{bs}"], sequences)
-                    r["generation"][f"greedy_{bs}"]["ctranslate2"] = res
-                    print(f"[{preset}] greedy {bs}: ctranslate2 {res['tokens_per_s']:.0f} tok/s "
-                          f"({res['intra_threads']} intra-op threads)", flush=True)
-            except Exception as exc:  # reported in the results, never faked
-                results["ct2_error"] = f"{type(exc).__name__}: {exc}"
-                print("CTranslate2 unavailable:", results["ct2_error"], flush=True)
-
-        if not args.no_profile and preset == presets[0]:
-            results.setdefault("profiles", {}).update(
-                {f"{preset}_{k}": v for k, v in write_profiles(ours, preset, train_batches[0], gen_batches,
-                                                               new_tokens).items()})
-
-        r["kernels"] = measure_kernels(cfg)
-
-        # 1. training throughput
-        tr = bench_training({OURS: ours, MARIAN: marian}, cfg, train_batches, repeats, warmup, steps_per_rep)
-        r["training"] = tr
-        r["training_flops_per_batch"] = [training_flops(cfg, b) for b in train_batches]
-        print(f"[{preset}] training: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s {v['achieved_gflops']:.0f} GFLOP/s"
-                                                   for k, v in tr.items()), flush=True)
-        del ours, marian
-        gc.collect()
-
-        # 3. memory, one fresh process per (model, task)
-        if not args.no_memory:
-            tasks = ["train", "generate_beam4_b32"]
-            r["memory"] = {}
-            for task in tasks:
-                r["memory"][task] = {name: measure_memory(name, preset, task, new_tokens, args.seed, args.threads)
-                                     for name in (OURS, MARIAN)}
-                print(f"[{preset}] memory {task}: {r['memory'][task]}", flush=True)
-
+        results["presets"][preset] = bench_preset(preset, args, settings, results, train_batches, gen_batches)
     results["matmul_peak_at_end"] = measure_matmul_peak(args.quick)  # drift / contention indicator
-    finish(results, Path(args.output))
+    results["machine"]["loadavg_at_end"] = list(os.getloadavg())
+    finish(results, Path(args.output or RESULTS / "speed.json"))
+
+
+def bench_preset(preset, args, settings, results, train_batches, gen_batches) -> dict:
+    """Every figure of one preset (appends CTranslate2 errors and profile names to `results`)."""
+    repeats, warmup, new_tokens = settings["repeats"], settings["warmup"], settings["new_tokens"]
+    ours, marian = build_pair(preset, args.seed)
+    cfg = ours.config
+    figures = {
+        "config": {k: getattr(cfg, k) for k in ("d_model", "encoder_layers", "decoder_layers",
+                                                "encoder_attention_heads", "encoder_ffn_dim", "vocab_size", "dropout")},
+        "parameters": sum(p.numel() for p in ours.parameters()),
+        "parameters_marian": sum(p.numel() for p in marian.parameters()),
+        "matmul_params_per_token": param_counts(cfg),
+        "equivalence": equivalence_check(ours, marian, train_batches[0]),
+    }
+    print(f"[{preset}] params {figures['parameters']:,}; equivalence {figures['equivalence']}", flush=True)
+    # 2. generation (before training changes the weights; both hold the same weights anyway)
+    figures["generation"], our_sequences = {}, {}
+    for mode, beams in (("greedy", 1), ("beam4", 4)):
+        for size, batch in gen_batches.items():
+            measured, our_sequences[f"{mode}_{size}"] = bench_generation(
+                {OURS: ours, MARIAN: marian}, batch, beams, new_tokens, repeats, warmup)
+            figures["generation"][f"{mode}_{size}"] = measured
+            print(f"[{preset}] {mode} {size}: "
+                  + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in measured.items()), flush=True)
+    if not args.no_ct2:  # in its own process (see ct2_worker), same weights and batches
+        add_ct2_figures(preset, args, settings, results, figures, our_sequences, gen_batches, train_batches[0])
+    if not args.no_profile and preset == settings["presets"][0]:
+        results.setdefault("profiles", {}).update(
+            {f"{preset}_{k}": v for k, v in write_profiles(ours, preset, train_batches[0], gen_batches,
+                                                           new_tokens).items()})
+    figures["kernels"] = measure_kernels(cfg)
+    # 1. training throughput
+    training = bench_training({OURS: ours, MARIAN: marian}, cfg, train_batches, repeats, warmup,
+                              settings["steps_per_rep"])
+    figures["training"] = training
+    figures["training_flops_per_batch"] = [training_flops(cfg, b) for b in train_batches]
+    print(f"[{preset}] training: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s {v['achieved_gflops']:.0f} GFLOP/s"
+                                               for k, v in training.items()), flush=True)
+    del ours, marian
+    gc.collect()
+    # 3. memory, one fresh process per (model, task)
+    if not args.no_memory:
+        figures["memory"] = {}
+        for task in ("train", "generate_beam4_b32"):
+            figures["memory"][task] = {name: measure_memory(name, preset, task, new_tokens, args.seed, args.threads)
+                                       for name in (OURS, MARIAN)}
+            print(f"[{preset}] memory {task}: {figures['memory'][task]}", flush=True)
+    return figures
+
+
+def add_ct2_figures(preset, args, settings, results, figures, our_sequences, gen_batches, check_batch) -> None:
+    """CTranslate2's greedy rows (or the reason they are missing, in results["ct2_error"])."""
+    try:
+        ct2 = measure_ct2(preset, args.seed, args.threads, gen_batches, check_batch, settings["new_tokens"],
+                          settings["repeats"], settings["warmup"])
+    except Exception as exc:  # reported in the results, never faked
+        results["ct2_error"] = f"{type(exc).__name__}: {exc}"
+        print("CTranslate2 unavailable:", results["ct2_error"], flush=True)
+        return
+    figures["ct2_logprob_diff"] = ct2["logprob_diff"]
+    results["machine"]["ctranslate2"] = ct2["version"]
+    for size, measured in ct2["greedy"].items():
+        sequences = measured.pop("sequences")
+        measured["same_output_as_scratch"] = share_identical(our_sequences[f"greedy_{size}"], sequences)
+        figures["generation"][f"greedy_{size}"]["ctranslate2"] = measured
+        print(f"[{preset}] greedy {size}: ctranslate2 {measured['tokens_per_s']:.0f} tok/s "
+              f"({measured['intra_threads']} intra-op threads)", flush=True)
 
 
 def finish(results: dict, out: Path) -> None:
@@ -853,10 +658,8 @@ def finish(results: dict, out: Path) -> None:
         for v in r["training"].values():
             v["mfu"] = v["achieved_gflops"] / peak
     results["targets"] = targets(results)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
     md = render_markdown(results)
-    out.with_suffix(".md").write_text(md)
+    write_results(results, out, md)
     print(md)
 
 

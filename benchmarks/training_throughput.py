@@ -16,44 +16,26 @@ the peak measured on the same device for the same dtype with torch.mm. Results g
 """
 
 import argparse
-import json
 import statistics
-import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from datasets import disable_progress_bars
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from common import RESULTS, VOCAB, build_pair, machine_info, train_py_batches, training_flops, write_results
 
-from bench_speed import VOCAB, build_pair, training_flops  # noqa: E402
-from datasets import disable_progress_bars  # noqa: E402
-
-from hf_scratch_transformer.data import DataArguments, load_parallel_corpus, make_batch_sampler, make_collator  # noqa: E402
-from hf_scratch_transformer.data import preprocess_corpus  # noqa: E402
-from hf_scratch_transformer.tokenization import train_tokenizer_on_corpus  # noqa: E402
-
-RESULTS = REPO / "benchmarks" / "results"
 LABEL_SMOOTHING = 0.1
 
 
 def corpus_batches(max_tokens: int, count: int, vocab_size: int, max_train_samples: int | None = None) -> list[dict]:
     """`count` training batches exactly as train.py forms them (shuffled token buckets of `max_tokens`)."""
-    data_args = DataArguments(max_tokens=max_tokens, tokenizer_vocab_size=vocab_size,
-                              max_train_samples=max_train_samples)
-    raw = load_parallel_corpus(data_args)
-    tokenizer = train_tokenizer_on_corpus(raw["train"], "en", "es", vocab_size=vocab_size)
-    if len(tokenizer) > VOCAB:
-        raise SystemExit(f"the tokenizer has {len(tokenizer)} tokens, the models {VOCAB}")
-    datasets, _ = preprocess_corpus({"train": raw["train"]}, tokenizer, data_args)
-    sampler = make_batch_sampler(datasets["train"], data_args, batch_size=64, shuffle=True, seed=42)
-    collate = make_collator(tokenizer)
-    batches = [collate([datasets["train"][i] for i in indices]) for _, indices in zip(range(count), sampler)]
-    return [{key: batch[key] for key in ("input_ids", "attention_mask", "labels")} for batch in batches]
+    batches, tokenizer_size, _ = train_py_batches(count, max_tokens, vocab_size, max_train_samples)
+    if tokenizer_size > VOCAB:
+        raise SystemExit(f"the tokenizer has {tokenizer_size} tokens, the models {VOCAB}")
+    return batches
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, sizes=(4096, 8192)) -> float:
@@ -131,6 +113,7 @@ def measure(args) -> dict:
     flops = sum(training_flops(config, batch) for batch in batches)
     peak = matmul_peak(device, dtype, sizes=(1024, 2048) if args.quick else (4096, 8192))
     results = {"settings": vars(args), "device_name": _device_name(device), "torch": torch.__version__,
+               "machine": machine_info(torch.get_num_threads()),
                "batches": len(batches), "non_pad_tokens_per_pass": tokens, "padding_fraction": 1 - tokens / padded,
                "model_flops_per_pass": flops, "matmul_peak_flops": peak, "models": {}}
     for name in models:
@@ -151,13 +134,13 @@ def _device_name(device: torch.device) -> str:
 
 
 def render(results: dict) -> str:
-    s = results["settings"]
-    lines = [f"# Training throughput: {s['preset']}, {s['dtype']}, batches of ≤ {s['max_tokens']} tokens"
-             f"{', torch.compile' if s['compile'] else ''}", "",
+    settings = results["settings"]
+    lines = [f"# Training throughput: {settings['preset']}, {settings['dtype']}, batches of ≤ "
+             f"{settings['max_tokens']} tokens{', torch.compile' if settings['compile'] else ''}", "",
              f"Device: {results['device_name']}; torch {results['torch']}. {results['batches']} train.py batches "
              f"({results['non_pad_tokens_per_pass']:,} non-pad tokens, {results['padding_fraction']:.1%} padding) "
-             f"per pass, {s['repeats']} passes per model in alternation, median. Measured {s['dtype']} torch.mm "
-             f"peak: {results['matmul_peak_flops'] / 1e12:.1f} TFLOP/s.", "",
+             f"per pass, {settings['repeats']} passes per model in alternation, median. Measured {settings['dtype']} "
+             f"torch.mm peak: {results['matmul_peak_flops'] / 1e12:.1f} TFLOP/s.", "",
              "| model | non-pad tokens/s | model TFLOP/s | MFU |", "|---|---:|---:|---:|"]
     for name, row in results["models"].items():
         lines.append(f"| {name} | {row['tokens_per_second']:,.0f} | {row['achieved_tflops']:.2f} | "
@@ -186,9 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     disable_progress_bars()
     results = measure(args)
     output = Path(args.output or RESULTS / f"training_throughput_{torch.device(args.device).type}.json")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(results, indent=1))
-    output.with_suffix(".md").write_text(render(results))
+    write_results(results, output, render(results))
     print(render(results))
     return results
 
