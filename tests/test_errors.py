@@ -27,7 +27,9 @@ from safetensors.torch import load_file
 from hf_scratch_transformer import ScratchTransformerForConditionalGeneration, cli, translation_pipeline
 from hf_scratch_transformer.data import CorpusError, DataArguments, load_parallel_corpus, preprocess_corpus
 from hf_scratch_transformer.tokenization import train_tokenizer_on_corpus
-from hf_scratch_transformer.training import Run, check_arguments, main, parse_arguments
+from hf_scratch_transformer.arguments import check_arguments, parse_arguments
+from hf_scratch_transformer.loop import Trainer
+from hf_scratch_transformer.training import main
 from hf_scratch_transformer.translate import ModelLoadError, load_model_and_tokenizer, translate_texts
 
 PAIRS = conftest.PAIRS * 4
@@ -156,7 +158,7 @@ def test_corpus_errors_are_one_exception_family(tmp_path):
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        ({"preset": "huge"}, "unknown --preset 'huge': choose one of tiny, small, base, big"),
+        ({"preset": "huge"}, "invalid model size: Unknown preset 'huge': choose one of tiny, small, base, big"),
         ({"d_model": 30, "attention_heads": 4}, "invalid model size"),
         ({"target_lang": "en"}, "--source_lang and --target_lang are both 'en'"),
         ({"max_tokens": 50}, "--max_tokens 50 is smaller than the longest allowed sentence (96 tokens)"),
@@ -400,14 +402,14 @@ def test_sigterm_mid_training_saves_a_checkpoint_and_resume_latest_continues(tmp
 
 
 def test_sigint_mid_training_saves_a_checkpoint_with_exit_130(tmp_path, capsys, monkeypatch):
-    real_loss = Run._loss
+    real_loss = Trainer._loss
 
     def loss_then_ctrl_c(self, batch):
         if self.state.global_step == 2:  # during step 3
             os.kill(os.getpid(), signal.SIGINT)
         return real_loss(self, batch)
 
-    monkeypatch.setattr(Run, "_loss", loss_then_ctrl_c)
+    monkeypatch.setattr(Trainer, "_loss", loss_then_ctrl_c)
     handler_before = signal.getsignal(signal.SIGINT)  # SIG_IGN under nohup or a background job
     message = fails_with(tiny_run_flags(tmp_path, max_steps=50, save_steps=0, eval_steps=0), capsys, code=130)
     assert message == (f"interrupted: SIGINT received: checkpoint saved at step 3 in {tmp_path / 'checkpoint-3'}; "
@@ -417,13 +419,13 @@ def test_sigint_mid_training_saves_a_checkpoint_with_exit_130(tmp_path, capsys, 
 
 
 def test_non_finite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):
-    real_loss = Run._loss
+    real_loss = Trainer._loss
 
     def nan_at_step_5(self, batch):
         loss = real_loss(self, batch)
         return loss * float("nan") if self.state.global_step == 4 else loss
 
-    monkeypatch.setattr(Run, "_loss", nan_at_step_5)
+    monkeypatch.setattr(Trainer, "_loss", nan_at_step_5)
     message = fails_with(tiny_run_flags(tmp_path, max_steps=8, save_steps=2, eval_steps=0), capsys, code=1)
     assert message.startswith("training stopped: loss became nan at step 5;")
     assert f"the last good checkpoint is {tmp_path / 'checkpoint-4'}" in message

@@ -18,18 +18,12 @@ import torch
 from conftest_train import MODEL_CARD_TEMPLATE, REPO, tiny_run_flags
 from safetensors.torch import load_file
 
-from hf_scratch_transformer import training
-from hf_scratch_transformer.training import (
-    BATCH_TRACE_VARIABLE,
-    CHECKPOINT_COMPLETE,
-    LOCK_FILE,
-    Run,
-    divergence_warning,
-    list_checkpoints,
-    main,
-    parse_arguments,
-    run_training,
-)
+from hf_scratch_transformer import evaluation
+from hf_scratch_transformer.arguments import parse_arguments
+from hf_scratch_transformer.checkpointing import CHECKPOINT_COMPLETE, LOCK_FILE, list_checkpoints
+from hf_scratch_transformer.evaluation import divergence_warning
+from hf_scratch_transformer.loop import BATCH_TRACE_VARIABLE, Trainer
+from hf_scratch_transformer.training import main, run_training
 
 
 @pytest.fixture(autouse=True)
@@ -254,7 +248,7 @@ def test_tokens_per_second_counts_training_time_only(tmp_path, monkeypatch):
     """A step trains at least 0.2 s; saving and validation, which fall between log lines, take 0.5 s more each.
     The rate must count all the training time (at least 6 x 0.2 s: the old clock lost the part of a window before a
     save) and none of the saving and validation time (measured here)."""
-    real_loss, real_save, real_validate, real_train = Run._loss, Run.save_checkpoint, Run.validate, Run.train
+    real_loss, real_save, real_validate, real_train = Trainer._loss, Trainer.save_checkpoint, Trainer.validate, Trainer.train
     spent = {"paused": 0.0, "train": 0.0, "inside": False}
 
     def slow_loss(self, batch):
@@ -279,10 +273,10 @@ def test_tokens_per_second_counts_training_time_only(tmp_path, monkeypatch):
         finally:
             spent["train"], spent["inside"] = time.time() - start, False
 
-    monkeypatch.setattr(Run, "_loss", slow_loss)
-    monkeypatch.setattr(Run, "save_checkpoint", slow(real_save))
-    monkeypatch.setattr(Run, "validate", slow(real_validate))
-    monkeypatch.setattr(Run, "train", timed_train)
+    monkeypatch.setattr(Trainer, "_loss", slow_loss)
+    monkeypatch.setattr(Trainer, "save_checkpoint", slow(real_save))
+    monkeypatch.setattr(Trainer, "validate", slow(real_validate))
+    monkeypatch.setattr(Trainer, "train", timed_train)
     results = run(tmp_path, max_steps=6, logging_steps=3, save_steps=1, eval_steps=1, max_tokens=256,
                   max_train_samples=60)
     seconds = results["train_tokens"] / results["train_tokens_per_second"]
@@ -292,7 +286,7 @@ def test_tokens_per_second_counts_training_time_only(tmp_path, monkeypatch):
 
 def test_finite_divergence_is_reported_at_validation(tmp_path, monkeypatch, caplog):
     losses = itertools.chain([3.0], itertools.repeat(10.2))  # step 2, then step 4 and the final evaluation
-    monkeypatch.setattr(training, "evaluation_loss", lambda *args, **kwargs: next(losses))
+    monkeypatch.setattr(evaluation, "evaluation_loss", lambda *args, **kwargs: next(losses))
     results = run(tmp_path, max_steps=4, eval_steps=2, save_steps=0, warmup_steps=1)
     assert "training is diverging: validation loss 10.2 at step 4" in results["divergence_warning"]
     assert "--learning_rate" in results["divergence_warning"]
@@ -301,13 +295,13 @@ def test_finite_divergence_is_reported_at_validation(tmp_path, monkeypatch, capl
 
 
 def test_nan_advice_names_a_checkpoint_only_when_there_is_one(tmp_path, capsys, monkeypatch):
-    real_loss = Run._loss
-    monkeypatch.setattr(Run, "_loss", lambda self, batch: real_loss(self, batch) * float("nan"))
+    real_loss = Trainer._loss
+    monkeypatch.setattr(Trainer, "_loss", lambda self, batch: real_loss(self, batch) * float("nan"))
     assert main(quick_flags(tmp_path, max_steps=4, save_steps=0), MODEL_CARD_TEMPLATE) == 1
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert "no checkpoint had been written yet" in message and "--overwrite_output_dir" in message
     assert "--resume_from_checkpoint" not in message
     # the advice works: the same command with --overwrite_output_dir starts again
-    monkeypatch.setattr(Run, "_loss", real_loss)
+    monkeypatch.setattr(Trainer, "_loss", real_loss)
     assert main(quick_flags(tmp_path, max_steps=2, save_steps=0, eval_steps=0, overwrite_output_dir=True),
                 MODEL_CARD_TEMPLATE) == 0

@@ -8,7 +8,10 @@ from conftest_train import MODEL_CARD_TEMPLATE, tiny_run_flags
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
-from hf_scratch_transformer.training import UsageError, main, parse_arguments, run_training
+from hf_scratch_transformer.arguments import parse_arguments
+from hf_scratch_transformer.errors import UsageError
+from hf_scratch_transformer.loop import Trainer
+from hf_scratch_transformer.training import main, run_training
 
 
 def run(output_dir, **overrides) -> dict:
@@ -125,15 +128,13 @@ def test_an_unknown_schedule_is_refused(tmp_path):
 
 
 def test_the_optimiser_is_fused(tmp_path, monkeypatch):
-    from hf_scratch_transformer.training import Run
-
     seen = {}
-    real_train = Run.train
+    real_train = Trainer.train
 
     def record(self):
         seen["fused"] = self.optimizer.optimizer.defaults["fused"]
         return real_train(self)
 
-    monkeypatch.setattr(Run, "train", record)
+    monkeypatch.setattr(Trainer, "train", record)
     run(tmp_path, max_steps=2, save_steps=0, eval_steps=0, do_train=True)
     assert seen["fused"] is True

@@ -26,7 +26,8 @@ from hf_scratch_transformer import (
     translate,
     translation_pipeline,
 )
-from hf_scratch_transformer.training import LEGACY_TRAINER_STATE, TRAINER_STATE, main, resolve_checkpoint
+from hf_scratch_transformer.checkpointing import LEGACY_TRAINER_STATE, TRAINER_STATE, resolve_checkpoint
+from hf_scratch_transformer.training import main
 from hf_scratch_transformer.translate import ModelLoadError, generate_ids, load_model_and_tokenizer
 
 SOURCES = ["Jesus wept.", "In the beginning God created the heavens and the earth, and the earth was without form.",
