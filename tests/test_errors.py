@@ -220,7 +220,7 @@ def _break(case, model_dir):
         data = bytearray(weights.read_bytes())
         data[8:40] = b"\x00" * 32
         weights.write_bytes(bytes(data))
-        return "model.safetensors is truncated or corrupted (its header is not valid safetensors JSON)"
+        return f"model.safetensors is truncated or corrupted ({len(data)} bytes; safetensors: invalid JSON in header"
     if case == "other_model_type":
         config = json.loads((model_dir / "config.json").read_text())
         config["model_type"] = "bert"
