@@ -46,7 +46,9 @@ from common import (
     MARIAN, OURS, RESULTS, build_pair, equivalence_check, loadavg, machine_info, machine_line, marian_config,
     our_config, write_results,
 )
-from hf_scratch_transformer import training
+from hf_scratch_transformer.arguments import parse_arguments
+from hf_scratch_transformer.loop import Trainer
+from hf_scratch_transformer.training import run_training
 from hf_scratch_transformer.data import (
     SHIPPED_CORPUS_FILES,
     DataArguments,
@@ -109,14 +111,14 @@ def prepare_corpus(budget: dict, seed: int):
 
 # ------------------------------------------------------------------------------- BLEU at an equal training budget
 def smoothed_loss(logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.1) -> torch.Tensor:
-    """training.py's loss: label-smoothed cross-entropy over the non-padding target tokens."""
+    """The training loop's loss (loop.py): label-smoothed cross-entropy over the non-padding target tokens."""
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
                            label_smoothing=smoothing)
 
 
 def training_loss(name: str, model, batch: dict, cfg) -> torch.Tensor:
     """The label-smoothed (0.1) loss of one batch, each model called the way its own trainer calls it."""
-    if name == OURS:  # as training.py: with labels, our model derives decoder inputs, skips padding, computes the loss
+    if name == OURS:  # as loop.py: with labels, our model derives decoder inputs, skips padding, computes the loss
         return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
                      label_smoothing=0.1).loss
     # Marian as Seq2SeqTrainer runs it with label smoothing: decoder inputs = labels shifted right, no labels passed
@@ -227,8 +229,8 @@ def corpus_file_flags() -> list[str]:
 
 
 def run_ours(budget: dict, args, workdir: Path) -> dict:
-    """`run_training` with train.py's defaults; Run.setup / Run.validate are wrapped (in this process only) to
-    timestamp the end of the setup and each evaluation, so the evaluation time can be taken out of the clock."""
+    """`run_training` with train.py's defaults; Trainer.train / Trainer.validate are wrapped (in this process only)
+    to timestamp the end of the setup and each evaluation, so the evaluation time can be taken out of the clock."""
     argv = ["--output_dir", str(workdir / "ours"), "--overwrite_output_dir", "--report_to", "none",
             "--preset", budget["preset"], "--seed", str(args.seed), "--num_train_epochs", str(budget["epochs"]),
             "--max_steps", str(budget["max_steps"]), "--warmup_steps", str(budget["warmup_steps"]),
@@ -240,31 +242,27 @@ def run_ours(budget: dict, args, workdir: Path) -> dict:
     if budget["eval_samples"]:
         argv += ["--max_eval_samples", str(budget["eval_samples"]), "--max_predict_samples", str(budget["eval_samples"])]
     marks: dict = {"evals": []}
-    original_setup, original_validate = training.Run.setup, training.Run.validate
+    original_train, original_validate = Trainer.train, Trainer.validate
 
-    def setup(self):
-        original_setup(self)
-        marks["setup_end"] = time.time()
+    def train(self):
+        marks["setup_end"] = time.time()  # setup done: training starts
         marks["total_steps"] = self.total_steps
+        original_train(self)
 
     def validate(self):
         start = time.time()
-        # Run.validate generates with the model still in training mode (dropout on): evaluation_loss restores
-        # train mode and generate() does not switch to eval. Score the model as Seq2SeqTrainer does, in eval
-        # mode; Run.validate puts it back in train mode itself when done.
-        self.accelerator.unwrap_model(self.model).eval()
-        row = original_validate(self)
+        row = original_validate(self)  # in eval mode (no dropout), as Seq2SeqTrainer scores
         marks["evals"].append({"step": self.state.global_step, "start": start, "end": time.time(),
                                "bleu": row.get("eval_bleu"), "chrf": row.get("eval_chrf")})
         return row
 
-    model_args, data_args, train_args = training.parse_arguments(argv)
-    training.Run.setup, training.Run.validate = setup, validate
+    model_args, data_args, train_args = parse_arguments(argv)
+    Trainer.train, Trainer.validate = train, validate
     t0 = time.time()
     try:
-        results = training.run_training(model_args, data_args, train_args)
+        results = run_training(model_args, data_args, train_args)
     finally:
-        training.Run.setup, training.Run.validate = original_setup, original_validate
+        Trainer.train, Trainer.validate = original_train, original_validate
     end = time.time()
     return curve_from_marks("train.py (run_training, our defaults)", t0, marks, end, {
         "flags": argv, "train_steps": results["train_steps"], "train_tokens": results["train_tokens"],

@@ -122,6 +122,32 @@ def _attention_paths(base: str, line_numbers: list[int], every: bool) -> list[tu
 
 
 def _run(args: argparse.Namespace) -> int:
+    _check_options(args)
+    texts, interactive = _read_input(args)  # before loading the model: a wrong path fails fast
+    if not args.debug:
+        _quiet_libraries()
+    if args.backend == "ct2":
+        return _run_ct2(args, texts, interactive)
+    from .translate import ModelLoadError, load_model_and_tokenizer, pick_device
+
+    try:
+        device = pick_device(args.device)
+    except ValueError as error:
+        raise CLIError(str(error)) from None
+    try:
+        model, tokenizer = load_model_and_tokenizer(args.model, device)
+    except ModelLoadError as error:
+        raise CLIError(str(error)) from None
+    options = dict(batch_size=args.batch_size, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
+                   device=device, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+    if interactive:  # a terminal: translate each line as it is typed
+        _translate_interactively(args, model, tokenizer, options)
+    else:
+        _translate_all(args, model, tokenizer, texts, options)
+    return EXIT_OK
+
+
+def _check_options(args: argparse.Namespace) -> None:
     if args.batch_size < 1:
         raise CLIError(f"--batch_size must be at least 1, got {args.batch_size}")
     if args.num_beams is not None and args.num_beams < 1:
@@ -135,69 +161,63 @@ def _run(args: argparse.Namespace) -> int:
     if args.attention_all and not args.attention:
         raise CLIError("--attention_all needs --attention PNG")
 
-    # Read the input before loading the model: a wrong path fails fast.
-    interactive = False
+
+def _read_input(args: argparse.Namespace) -> tuple[list[str], bool]:
+    """(texts, interactive): TEXT arguments, --input_file or piped stdin; a terminal on stdin is interactive."""
     if args.text:
-        texts = list(args.text)
-    elif args.input_file:
-        texts = _read_lines(args.input_file)
-    elif sys.stdin is not None and sys.stdin.isatty() and not args.output_file:
-        texts, interactive = [], True
-    else:
-        texts = _read_stdin()
+        return list(args.text), False
+    if args.input_file:
+        return _read_lines(args.input_file), False
+    if sys.stdin is not None and sys.stdin.isatty() and not args.output_file:
+        return [], True
+    return _read_stdin(), False
 
-    if not args.debug:
-        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-        import transformers
 
-        transformers.logging.set_verbosity_error()
-        transformers.logging.disable_progress_bar()
-        try:
-            import huggingface_hub.utils
+def _quiet_libraries() -> None:
+    """No advisory warnings, progress bars or info logs of transformers and the hub (--debug keeps them)."""
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    import transformers
 
-            huggingface_hub.utils.logging.set_verbosity_error()
-        except (ImportError, AttributeError):
-            pass
-    if args.backend == "ct2":
-        return _run_ct2(args, texts, interactive)
-    from .translate import ModelLoadError, decode_ids, generate_ids, load_model_and_tokenizer, pick_device
-
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     try:
-        device = pick_device(args.device)
-    except ValueError as error:
-        raise CLIError(str(error)) from None
-    try:
-        model, tokenizer = load_model_and_tokenizer(args.model, device)
-    except ModelLoadError as error:
-        raise CLIError(str(error)) from None
+        import huggingface_hub.utils
 
-    options = dict(batch_size=args.batch_size, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
-                   device=device, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
-    if interactive:  # a terminal: translate each line as it is typed
-        print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
-        line_number, drawn = 0, False
-        for line in sys.stdin:
-            line_number += 1
-            text = line.rstrip("\r\n")
-            [ids] = generate_ids(model, tokenizer, [text], **options)
-            print(decode_ids(tokenizer, ids), flush=True)
-            if args.attention and ids and (args.attention_all or not drawn):
-                [(_, path)] = _attention_paths(args.attention, [line_number], args.attention_all)
-                _draw(model, tokenizer, text, ids, path)
-                drawn = True
-        return EXIT_OK
+        huggingface_hub.utils.logging.set_verbosity_error()
+    except (ImportError, AttributeError):
+        pass
+
+
+def _translate_interactively(args: argparse.Namespace, model, tokenizer, options: dict) -> None:
+    """Translate each line of the terminal as it is typed (the first one drawn with --attention)."""
+    from .translate import decode_ids, generate_ids
+
+    print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
+    line_number, drawn = 0, False
+    for line in sys.stdin:
+        line_number += 1
+        text = line.rstrip("\r\n")
+        [ids] = generate_ids(model, tokenizer, [text], **options)
+        print(decode_ids(tokenizer, ids), flush=True)
+        if args.attention and ids and (args.attention_all or not drawn):
+            [(_, path)] = _attention_paths(args.attention, [line_number], args.attention_all)
+            _draw(model, tokenizer, text, ids, path)
+            drawn = True
+
+
+def _translate_all(args: argparse.Namespace, model, tokenizer, texts: list[str], options: dict) -> None:
+    """Translate every text (sorted batches, written in input order), then draw the attention plots asked for."""
+    from .translate import decode_ids, generate_ids
 
     progress = bool(args.input_file) and not args.no_progress
     all_ids = generate_ids(model, tokenizer, texts, progress=progress, **options)
     _write_lines(args.output_file, [decode_ids(tokenizer, ids) for ids in all_ids])
-
     if args.attention:
         line_numbers = [i + 1 for i, ids in enumerate(all_ids) if ids]
         if not line_numbers:
             print("warning: no non-empty input sentence, so no attention plot was drawn", file=sys.stderr)
         for line_number, path in _attention_paths(args.attention, line_numbers, args.attention_all):
             _draw(model, tokenizer, texts[line_number - 1], all_ids[line_number - 1], path)
-    return EXIT_OK
 
 
 def _run_ct2(args: argparse.Namespace, texts: list[str], interactive: bool) -> int:

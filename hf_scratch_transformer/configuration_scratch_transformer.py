@@ -20,6 +20,7 @@ PRESETS: dict[str, dict[str, int]] = {
     "big": dict(d_model=1024, encoder_layers=6, decoder_layers=6, encoder_attention_heads=16,
                 decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096),
 }
+DEFAULT_PRESET = "small"  # what train.py builds when no --preset (and no --model_name_or_path) is given
 
 
 # Written into every saved config so that a directory loads with `trust_remote_code=True` in a process that has
@@ -148,4 +149,4 @@ class ScratchTransformerConfig(PreTrainedConfig):
 
 ScratchTransformerConfig.register_for_auto_class()
 
-__all__ = ["ScratchTransformerConfig", "PRESETS", "AUTO_MAP", "CUSTOM_PIPELINES"]
+__all__ = ["ScratchTransformerConfig", "PRESETS", "DEFAULT_PRESET", "AUTO_MAP", "CUSTOM_PIPELINES"]

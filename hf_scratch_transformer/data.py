@@ -399,6 +399,19 @@ def evaluation_pairs(raw_split, args: DataArguments) -> tuple[list[str], list[st
     return [pair[args.source_lang] for pair in pairs], [pair[args.target_lang] for pair in pairs]
 
 
+@dataclass
+class TrainingData:
+    """A run's tokenised, filtered splits (`datasets`, with what the filters dropped per split in `filter_report`)
+    and the raw sources and references of the validation and test splits, as BLEU/chrF read them."""
+
+    datasets: dict
+    filter_report: dict
+    eval_sources: list[str]
+    eval_references: list[str]
+    test_sources: list[str]
+    test_references: list[str]
+
+
 def _tokenize_batch(batch: dict, tokenizer, args: DataArguments, length_slack: int) -> dict:
     """Tokenise sources and targets, truncated ``length_slack`` tokens beyond the maxima (so over-long shows)."""
     sources = [pair[args.source_lang] for pair in batch["translation"]]

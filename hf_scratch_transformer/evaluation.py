@@ -1,11 +1,20 @@
-"""BLEU and chrF through `evaluate`, offline: the metric scripts ship inside the package."""
+"""BLEU and chrF through `evaluate`, offline (the metric scripts ship inside the package); the validation and test
+of a training run (`Evaluator`)."""
 
+import json
+import logging
+import math
+import time
 from pathlib import Path
 
 import evaluate
 import torch
+from torch.utils.data import DataLoader
 
+from .data import make_batch_sampler
 from .translate import decode_ids, generate_ids
+
+logger = logging.getLogger("hf_scratch_transformer")
 
 METRICS_DIR = Path(__file__).resolve().parent / "metrics"
 
@@ -60,3 +69,105 @@ def evaluation_loss(model, batches, device: torch.device) -> float:
         total_tokens += tokens
     model.train(was_training)
     return total_loss / max(total_tokens, 1)
+
+
+# ------------------------------------------------------------------------------------- evaluation during a run
+
+
+def log_row(accelerator, state, row: dict) -> None:
+    """A row of figures ({"step": N, ...}): into the run's history, Accelerate's trackers and the log."""
+    state.history.append(row)
+    accelerator.log({key: value for key, value in row.items() if key != "step"}, step=row["step"])
+    if accelerator.is_main_process:
+        logger.info(json.dumps(row))
+
+
+class Evaluator:
+    """Validation (loss, greedy BLEU/chrF, divergence check) and test (loss, BLEU/chrF greedy and with beam
+    search) of a run's model, on the main process; the other processes wait."""
+
+    def __init__(self, accelerator, model, tokenizer, data, collator, data_args, args):
+        self.accelerator, self.model, self.tokenizer, self.data = accelerator, model, tokenizer, data
+        self.collator, self.data_args, self.args = collator, data_args, args
+        self.is_main = accelerator.is_main_process
+        self.divergence: str | None = None  # the last divergence warning, if any
+        self.test_predictions: list[str] | None = None  # beam-search translations of the test sources
+
+    def _batches(self, split: str) -> DataLoader:
+        dataset = self.data.datasets[split]
+        sampler = make_batch_sampler(dataset, self.data_args, self.args.per_device_eval_batch_size, shuffle=False)
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=self.collator)
+
+    def _decoding_options(self) -> dict:
+        """How validation and test translate: bounded to a * source length + b, a progress bar on the main process."""
+        return dict(batch_size=self.args.per_device_eval_batch_size, max_new_tokens=self.args.eval_max_new_tokens,
+                    max_len_a=self.args.max_len_a, max_len_b=self.args.max_len_b, progress=self.is_main)
+
+    def validate(self, state) -> dict:
+        """Validation loss and greedy BLEU/chrF at `state.global_step`, logged into `state.history`."""
+        row = {}
+        if self.is_main:
+            model = self.accelerator.unwrap_model(self.model).eval()  # no dropout while validating
+            loss = evaluation_loss(model, self._batches("validation"), self.accelerator.device)
+            scores, _ = evaluate_translations(model, self.tokenizer, self.data.eval_sources,
+                                              self.data.eval_references, num_beams=1,
+                                              description=f"validation, step {state.global_step}",
+                                              **self._decoding_options())
+            model.train(self.args.do_train)
+            row = {"step": state.global_step, "eval_loss": round(loss, 4), "eval_bleu": scores["bleu"],
+                   "eval_chrf": scores["chrf"], "eval_gen_len": scores["gen_len"]}
+            earlier = [r["eval_loss"] for r in state.history if "eval_loss" in r]
+            log_row(self.accelerator, state, row)
+            warning = divergence_warning(row, earlier, len(self.tokenizer), self.args.warmup_steps)
+            if warning:
+                self.divergence = warning
+                logger.warning(warning)
+        self.accelerator.wait_for_everyone()
+        return row
+
+    def test(self) -> dict:
+        """Test loss, and BLEU/chrF/gen_len with beam search (`predict_*`, run_translation.py's names) and, for
+        comparison, greedy decoding (`predict_*_greedy`), on the main process."""
+        results = {}
+        if self.is_main and self.data.test_sources:
+            model = self.accelerator.unwrap_model(self.model).eval()
+            results["predict_loss"] = round(
+                evaluation_loss(model, self._batches("test"), self.accelerator.device), 4)
+            for beams in sorted({1, self.args.num_beams}):
+                results.update(self._test_decoding(model, beams))
+            results["predict_samples"] = len(self.data.test_sources)
+            results["predict_samples_per_second"] = round(
+                len(self.data.test_sources) / max(results["predict_runtime"], 1e-9), 3)
+            logger.info(json.dumps(results))
+        self.accelerator.wait_for_everyone()
+        return results
+
+    def _test_decoding(self, model, beams: int) -> dict:
+        """The test scores of one decoding; `_greedy` names them unless it is the --num_beams one."""
+        started = time.time()
+        name = "greedy" if beams == 1 else f"beam {beams}"
+        scores, predictions = evaluate_translations(
+            model, self.tokenizer, self.data.test_sources, self.data.test_references, num_beams=beams,
+            description=f"test, {name}", **self._decoding_options(),
+        )
+        if beams == self.args.num_beams:
+            self.test_predictions = predictions
+        suffix = "_greedy" if beams != self.args.num_beams else ""
+        return {f"predict_bleu{suffix}": scores["bleu"], f"predict_chrf{suffix}": scores["chrf"],
+                f"predict_gen_len{suffix}": scores["gen_len"], f"predict_runtime{suffix}": round(time.time() - started, 2)}
+
+
+def divergence_warning(row: dict, earlier_losses: list[float], vocab_size: int, warmup_steps: int) -> str | None:
+    """A finite divergence seen at validation: after warm-up, a loss half a nat above that of guessing every token
+    uniformly (ln V), or 50% and 1 nat above the best validation loss so far. None when the run looks healthy."""
+    loss, uniform = row["eval_loss"], math.log(vocab_size)
+    best = min(earlier_losses, default=math.inf)
+    if loss > uniform + 0.5 and row["step"] > warmup_steps:
+        why = f"above {uniform:.2f}, the loss of guessing uniformly among {vocab_size} tokens"
+    elif loss > 1.5 * best and loss > best + 1:
+        why = f"up from {best} at best"
+    else:
+        return None
+    return (f"training is diverging: validation loss {loss} at step {row['step']} is {why} (BLEU {row['eval_bleu']}); "
+            f"lower --learning_rate, raise --warmup_steps or use --normalize_before (pre-norm), then start again "
+            f"or resume from a checkpoint written before the loss rose")

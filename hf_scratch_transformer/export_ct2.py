@@ -129,55 +129,72 @@ def build_spec(model, tokens: list[str]):
         config.decoder_layers, config.decoder_attention_heads, pre_norm=pre_norm, activation=activation
     )
     spec = transformer_spec.TransformerSpec(encoder_spec, decoder_spec)
-    used = set()  # ids of the parameters copied into the spec
-    arrays = {}  # one numpy array per parameter, so tied weights stay one array (saved once by CTranslate2)
-
-    def array(parameter):
-        used.add(id(parameter))
-        if id(parameter) not in arrays:
-            arrays[id(parameter)] = _numpy(parameter)
-        return arrays[id(parameter)]
-
-    def linear(target, module):
-        target.weight = array(module.weight)
-        if getattr(module, "bias", None) is not None:
-            target.bias = array(module.bias)
-
-    def layer_norm(target, module):
-        target.gamma, target.beta = array(module.weight), array(module.bias)
-
+    copier = _WeightCopier()
     base = model.model
-    stacks = ((spec.encoder, base.encoder), (spec.decoder, base.decoder))
-    for stack_spec, stack in stacks:
-        stack_spec.scale_embeddings = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        stack_spec.position_encodings.encodings = _numpy(stack.embed_positions.pe)
-        embeddings = stack_spec.embeddings[0] if isinstance(stack_spec.embeddings, list) else stack_spec.embeddings
-        embeddings.weight = array(stack.embed_tokens.weight)
-        if pre_norm:
-            layer_norm(stack_spec.layer_norm, stack.layer_norm)
-        elif getattr(stack, "layer_norm", None) is not None:
-            raise CT2ExportError("cannot export to CTranslate2: a final stack LayerNorm in a post-norm model")
-        for layer_spec, layer in zip(stack_spec.layer, stack.layers):
-            linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
-            linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
-            layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
-            if stack is base.decoder:
-                linear(layer_spec.attention.linear[0], layer.cross_attn.q_proj)
-                linear(layer_spec.attention.linear[1], layer.cross_attn.kv_proj)
-                linear(layer_spec.attention.linear[2], layer.cross_attn.out_proj)
-                layer_norm(layer_spec.attention.layer_norm, layer.cross_attn_layer_norm)
-            linear(layer_spec.ffn.linear_0, layer.feed_forward.fc1)
-            linear(layer_spec.ffn.linear_1, layer.feed_forward.fc2)
-            layer_norm(layer_spec.ffn.layer_norm, layer.final_layer_norm)
-    linear(spec.decoder.projection, model.lm_head)
-
-    unused = [name for name, parameter in model.named_parameters(remove_duplicate=False) if id(parameter) not in used]
+    for stack_spec, stack in ((spec.encoder, base.encoder), (spec.decoder, base.decoder)):
+        _copy_stack(copier, stack_spec, stack, config, is_decoder=stack is base.decoder)
+    copier.linear(spec.decoder.projection, model.lm_head)
+    unused = [name for name, parameter in model.named_parameters(remove_duplicate=False)
+              if id(parameter) not in copier.used]
     if unused:
         raise CT2ExportError(
             f"cannot export to CTranslate2: {len(unused)} parameter(s) have no place in a CTranslate2 Transformer "
             f"(first: {unused[0]})"
         )
+    _set_vocabulary(spec, tokens, config)
+    spec.validate()
+    return spec
 
+
+class _WeightCopier:
+    """Copies parameters into spec fields as numpy arrays: one array per parameter, so tied weights stay one array
+    (saved once by CTranslate2); `used` holds the ids of the parameters copied."""
+
+    def __init__(self):
+        self.used: set[int] = set()
+        self.arrays: dict[int, object] = {}
+
+    def array(self, parameter):
+        self.used.add(id(parameter))
+        if id(parameter) not in self.arrays:
+            self.arrays[id(parameter)] = _numpy(parameter)
+        return self.arrays[id(parameter)]
+
+    def linear(self, target, module) -> None:
+        target.weight = self.array(module.weight)
+        if getattr(module, "bias", None) is not None:
+            target.bias = self.array(module.bias)
+
+    def layer_norm(self, target, module) -> None:
+        target.gamma, target.beta = self.array(module.weight), self.array(module.bias)
+
+
+def _copy_stack(copier: _WeightCopier, stack_spec, stack, config, is_decoder: bool) -> None:
+    """Embeddings, positions, the final LayerNorm (pre-norm) and every layer of an encoder or decoder stack."""
+    stack_spec.scale_embeddings = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+    stack_spec.position_encodings.encodings = _numpy(stack.embed_positions.pe)
+    embeddings = stack_spec.embeddings[0] if isinstance(stack_spec.embeddings, list) else stack_spec.embeddings
+    embeddings.weight = copier.array(stack.embed_tokens.weight)
+    if config.normalize_before:
+        copier.layer_norm(stack_spec.layer_norm, stack.layer_norm)
+    elif getattr(stack, "layer_norm", None) is not None:
+        raise CT2ExportError("cannot export to CTranslate2: a final stack LayerNorm in a post-norm model")
+    for layer_spec, layer in zip(stack_spec.layer, stack.layers):
+        copier.linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
+        copier.linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
+        copier.layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
+        if is_decoder:
+            copier.linear(layer_spec.attention.linear[0], layer.cross_attn.q_proj)
+            copier.linear(layer_spec.attention.linear[1], layer.cross_attn.kv_proj)
+            copier.linear(layer_spec.attention.linear[2], layer.cross_attn.out_proj)
+            copier.layer_norm(layer_spec.attention.layer_norm, layer.cross_attn_layer_norm)
+        copier.linear(layer_spec.ffn.linear_0, layer.feed_forward.fc1)
+        copier.linear(layer_spec.ffn.linear_1, layer.feed_forward.fc2)
+        copier.layer_norm(layer_spec.ffn.layer_norm, layer.final_layer_norm)
+
+
+def _set_vocabulary(spec, tokens: list[str], config) -> None:
+    """The shared vocabulary and the special tokens, by name."""
     spec.register_source_vocabulary(tokens)
     spec.register_target_vocabulary(tokens)
     start = config.decoder_start_token_id if config.decoder_start_token_id is not None else config.bos_token_id
@@ -188,8 +205,6 @@ def build_spec(model, tokens: list[str]):
     unk = getattr(config, "unk_token_id", None)
     spec.config.unk_token = tokens[unk] if isinstance(unk, int) else ("<unk>" if "<unk>" in tokens else tokens[eos])
     spec.config.layer_norm_epsilon = float(config.layer_norm_eps)
-    spec.validate()
-    return spec
 
 
 def export_ct2(model_dir, output_dir, quantization: str | None = None, force: bool = False) -> Path:

@@ -618,18 +618,7 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
             use_cache=use_cache,
             **kwargs,
         )
-        hidden_states = outputs.last_hidden_state  # (B, T, D)
-        logits = loss = None
-        if skip_logits:
-            scored = labels != -100  # (B, T)
-            scored_logits = self.lm_head(hidden_states[scored])  # (N, V)
-            loss = F.cross_entropy(scored_logits.float(), labels[scored], label_smoothing=label_smoothing)
-        else:
-            logits = self.lm_head(hidden_states)  # (B, T, V)
-            if labels is not None:
-                loss = F.cross_entropy(
-                    logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, label_smoothing=label_smoothing
-                )
+        logits, loss = self._logits_and_loss(outputs.last_hidden_state, labels, label_smoothing, skip_logits)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -640,6 +629,21 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
+        )
+
+    def _logits_and_loss(self, hidden_states: torch.Tensor, labels: torch.Tensor | None, label_smoothing: float,
+                         skip_logits: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(logits (B, T, V) or None with `skip_logits`, loss or None without labels) from the decoder's output
+        (B, T, D)."""
+        if skip_logits:
+            scored = labels != -100  # (B, T)
+            scored_logits = self.lm_head(hidden_states[scored])  # (N, V)
+            return None, F.cross_entropy(scored_logits.float(), labels[scored], label_smoothing=label_smoothing)
+        logits = self.lm_head(hidden_states)  # (B, T, V)
+        if labels is None:
+            return logits, None
+        return logits, F.cross_entropy(
+            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, label_smoothing=label_smoothing
         )
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:

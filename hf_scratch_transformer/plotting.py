@@ -179,17 +179,25 @@ def plot_attention(
             f"{len(target_labels)} target and {len(source_labels)} source labels for an attention matrix of "
             f"{target_length} x {source_length}"
         )
-    layer_index = layer % layers
-    mean = weights[layer_index].mean(axis=0)  # (T, S)
-
     width, height = attention_figure_size(target_length, source_length, layers, heads)
     main_height = 1.8 + CELL * target_length + 1.6
     fig = plt.figure(figsize=(width, height), dpi=DPI, layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[main_height, height - main_height])
+    _draw_layer_mean(top, weights, layer % layers, source_labels, target_labels, title)
+    _draw_every_head(bottom, weights)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
 
-    # -- mean over heads of one layer, with every token labelled
-    ax = top.subplots()
-    image = _heatmap(ax, mean)
+
+def _draw_layer_mean(figure, weights: np.ndarray, layer_index: int, source_labels: list[str],
+                     target_labels: list[str], title: str | None) -> None:
+    """The mean over heads of one layer, with every token labelled."""
+    layers, heads, target_length, source_length = weights.shape
+    ax = figure.subplots()
+    image = _heatmap(ax, weights[layer_index].mean(axis=0))  # (T, S)
     label_size = 10 if max(source_length, target_length) <= 40 else 8
     ax.set_xticks(range(source_length), source_labels, rotation=60, ha="right", rotation_mode="anchor",
                   fontsize=label_size)
@@ -197,12 +205,15 @@ def plot_attention(
     ax.set_xlabel(f"source tokens ({WORD_START} marks a word start)")
     ax.set_ylabel("generated tokens")
     ax.tick_params(length=2)
-    top.colorbar(image, ax=ax, fraction=0.04 if source_length > 12 else 0.08, pad=0.02, label="attention weight")
+    figure.colorbar(image, ax=ax, fraction=0.04 if source_length > 12 else 0.08, pad=0.02, label="attention weight")
     heading = f"Cross-attention, layer {layer_index + 1} of {layers}, mean of {heads} heads"
     ax.set_title(f"{title}\n{heading}" if title else heading, fontsize=11)
 
-    # -- every layer and head
-    axes = np.atleast_2d(bottom.subplots(layers, heads, squeeze=False))
+
+def _draw_every_head(figure, weights: np.ndarray) -> None:
+    """One small panel per layer (rows) and head (columns), same axes, no labels."""
+    layers, heads = weights.shape[:2]
+    axes = np.atleast_2d(figure.subplots(layers, heads, squeeze=False))
     for layer_number in range(layers):
         for head in range(heads):
             panel = axes[layer_number, head]
@@ -213,13 +224,7 @@ def plot_attention(
                 panel.set_title(f"head {head + 1}", fontsize=9)
             if head == 0:
                 panel.set_ylabel(f"layer {layer_number + 1}", fontsize=9)
-    bottom.suptitle("Every layer (rows) and head (columns): generated tokens ↓, source tokens →", fontsize=10)
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    figure.suptitle("Every layer (rows) and head (columns): generated tokens ↓, source tokens →", fontsize=10)
 
 
 def plot_translation_attention(model, tokenizer, source_text: str, target_ids, path, title: str | None = None) -> Path:

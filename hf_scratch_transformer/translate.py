@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from tqdm.auto import tqdm
 
 logger = logging.getLogger("hf_scratch_transformer")
 
@@ -81,29 +83,7 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
     name = os.fspath(name_or_path)
     path = Path(name).expanduser()
     if path.is_dir():
-        if not any((path / weights).is_file() for weights in WEIGHT_FILES):
-            if any((path / weights).is_file() for weights in PICKLE_WEIGHT_FILES):
-                raise ModelLoadError(
-                    f"{name} holds only pickled weights (pytorch_model.bin), which can run code when loaded: only "
-                    f"model.safetensors is read; convert them with save_pretrained(..., safe_serialization=True)"
-                )
-            raise ModelLoadError(
-                f"no model weights in {name} (expected model.safetensors): is it a saved model directory?"
-            )
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(f"no config.json in {name}: is it a saved model directory?")
-        _check_model_type(path / "config.json")
-        if not any((path / name).is_file() for name in TOKENIZER_FILES):
-            raise ModelLoadError(
-                f"no tokenizer in {name} (expected tokenizer.json): copy the tokenizer files saved with the model "
-                f"(tokenizer.json, tokenizer_config.json) into it"
-            )
-        for weights in sorted(path.glob("*.safetensors")):
-            problem = safetensors_problem(weights)
-            if problem:
-                raise ModelLoadError(
-                    f"{weights} is truncated or corrupted ({problem}): copy or download it again"
-                )
+        _check_model_dir(path, name)
         source = str(path)
     elif path.exists():
         raise ModelLoadError(f"--model must be a directory saved with save_pretrained, got the file {name}")
@@ -122,6 +102,43 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
                 f"model not found: {name} is not a local directory and could not be loaded from the hub ({reason})"
             ) from error
         raise ModelLoadError(f"cannot load the model in {name}: {type(error).__name__}: {reason}") from error
+    _check_loaded(model, tokenizer, info, name)
+    if device is not None:
+        model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def _check_model_dir(path: Path, name: str) -> None:
+    """A saved model directory holds safetensors weights that open, config.json of a translation model and a
+    tokenizer; the first thing missing or broken is named."""
+    if not any((path / weights).is_file() for weights in WEIGHT_FILES):
+        if any((path / weights).is_file() for weights in PICKLE_WEIGHT_FILES):
+            raise ModelLoadError(
+                f"{name} holds only pickled weights (pytorch_model.bin), which can run code when loaded: only "
+                f"model.safetensors is read; convert them with save_pretrained(..., safe_serialization=True)"
+            )
+        raise ModelLoadError(
+            f"no model weights in {name} (expected model.safetensors): is it a saved model directory?"
+        )
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"no config.json in {name}: is it a saved model directory?")
+    _check_model_type(path / "config.json")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(
+            f"no tokenizer in {name} (expected tokenizer.json): copy the tokenizer files saved with the model "
+            f"(tokenizer.json, tokenizer_config.json) into it"
+        )
+    for weights in sorted(path.glob("*.safetensors")):
+        problem = safetensors_problem(weights)
+        if problem:
+            raise ModelLoadError(
+                f"{weights} is truncated or corrupted ({problem}): copy or download it again"
+            )
+
+
+def _check_loaded(model, tokenizer, info: dict, name: str) -> None:
+    """Weights that fit the config, and a tokenizer that fits the embeddings (train.py saves them equal)."""
     missing = list(info.get("missing_keys") or [])
     if missing:  # e.g. config.json naming another seq2seq type: its layers would start from random numbers
         raise ModelLoadError(
@@ -141,10 +158,6 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
             f"saves them equal): the tokenizer files belong to another model; copy the tokenizer saved with these "
             f"weights"
         )
-    if device is not None:
-        model.to(device)
-    model.eval()
-    return model, tokenizer
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "sentencepiece.bpe.model", "spiece.model")
@@ -169,23 +182,14 @@ def _check_model_type(config_file: Path) -> None:
 
 
 def safetensors_problem(path: Path) -> str | None:
-    """Why `path` is not a complete safetensors file (header and size checked, not the numbers), or None."""
-    size = path.stat().st_size
-    with open(path, "rb") as handle:
-        head = handle.read(8)
-        if len(head) < 8:
-            return f"{size} bytes, shorter than a safetensors header"
-        header_size = int.from_bytes(head, "little")
-        if header_size > size - 8:
-            return f"{size} bytes, but the header alone announces {header_size + 8}"
-        try:
-            header = json.loads(handle.read(header_size))
-            end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-            return "its header is not valid safetensors JSON"
-    if 8 + header_size + end != size:
-        return f"{size} bytes where its header announces {8 + header_size + end}"
-    return None
+    """Why `path` is not a complete safetensors file, or None: safetensors checks the header and that the data it
+    announces fills the file exactly when it opens it (the numbers are not read)."""
+    try:
+        with safe_open(path, framework="pt"):
+            return None
+    except SafetensorError as error:
+        reason = str(error).removeprefix("Error while deserializing header: ")
+        return f"{path.stat().st_size} bytes; safetensors: {reason}"
 
 
 def _max_source_length(model, tokenizer) -> int:
@@ -297,6 +301,32 @@ def generate_ids(
     if not todo:
         return results
     max_length = _max_source_length(model, tokenizer)
+    lengths = _source_lengths(model, tokenizer, texts, todo, max_length)
+    # Longest first: similar lengths share a batch, and an out-of-memory batch shows up at once.
+    order = sorted(todo, key=lambda i: -lengths[i])
+    generation_kwargs = _generation_kwargs(model, num_beams, max_new_tokens)
+    length_bound(1, max_len_a, max_len_b)  # refuses negative values before any work
+    cap = _new_tokens_cap(model, generation_kwargs)
+    with tqdm(total=len(order), unit="sent", desc=description, dynamic_ncols=True, disable=not progress) as bar:
+        for begin in range(0, len(order), batch_size):
+            indices = order[begin : begin + batch_size]
+            batch = tokenizer(
+                [texts[i] for i in indices], truncation=True, max_length=max_length, padding=True, return_tensors="pt"
+            ).to(device)
+            kwargs = generation_kwargs
+            bound = length_bound(max(lengths[i] for i in indices), max_len_a, max_len_b)
+            if bound is not None:
+                kwargs = {**generation_kwargs, "max_new_tokens": min(bound, cap), "max_length": None}
+            output = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **kwargs)
+            for index, ids in zip(indices, output.tolist()):
+                results[index] = strip_generated(ids, model)
+            bar.update(len(indices))
+    return results
+
+
+def _source_lengths(model, tokenizer, texts: list[str], todo: list[int], max_length: int) -> dict[int, int]:
+    """Token count of each text to translate (index -> length, at most `max_length`: longer texts are truncated,
+    with a warning); ids outside the model's vocabulary (another model's tokenizer) are refused."""
     encoded = tokenizer([texts[i] for i in todo], verbose=False)["input_ids"]
     vocab_size = getattr(model.config, "vocab_size", None)
     outside = sorted({token for ids in encoded for token in ids if vocab_size is not None and token >= vocab_size})
@@ -311,36 +341,7 @@ def generate_ids(
             f"to it (first: text {too_long[0] + 1}, {lengths[too_long[0]]} tokens); split long texts into sentences"
         )
         lengths.update({i: max_length for i in too_long})
-    # Longest first: similar lengths share a batch, and an out-of-memory batch shows up at once.
-    order = sorted(todo, key=lambda i: -lengths[i])
-    generation_kwargs = _generation_kwargs(model, num_beams, max_new_tokens)
-    length_bound(1, max_len_a, max_len_b)  # refuses negative values before any work
-    cap = _new_tokens_cap(model, generation_kwargs)
-
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(order), unit="sent", desc=description, dynamic_ncols=True)
-    try:
-        for begin in range(0, len(order), batch_size):
-            indices = order[begin : begin + batch_size]
-            batch = tokenizer(
-                [texts[i] for i in indices], truncation=True, max_length=max_length, padding=True, return_tensors="pt"
-            ).to(device)
-            kwargs = generation_kwargs
-            bound = length_bound(max(lengths[i] for i in indices), max_len_a, max_len_b)
-            if bound is not None:
-                kwargs = {**generation_kwargs, "max_new_tokens": min(bound, cap), "max_length": None}
-            output = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **kwargs)
-            for index, ids in zip(indices, output.tolist()):
-                results[index] = strip_generated(ids, model)
-            if bar is not None:
-                bar.update(len(indices))
-    finally:
-        if bar is not None:
-            bar.close()
-    return results
+    return lengths
 
 
 def decode_ids(tokenizer, ids: list[int] | None) -> str:

@@ -223,7 +223,7 @@ def config_case(name, filename, content, *parts, extra_flags=(), names_file=True
 def config_value_case(name, content, expected: dict, extra_flags=()) -> Case:
     """A config file that must be read as meant."""
     def check(ws: Workspace) -> str:
-        from hf_scratch_transformer.training import parse_arguments
+        from hf_scratch_transformer.arguments import parse_arguments
 
         path = ws.fresh("config") / "run.yaml"
         path.write_text(content)
@@ -482,16 +482,16 @@ INFERENCE_CASES = [
 
 
 def _nan_without_checkpoint(ws: Workspace) -> str:
-    from hf_scratch_transformer.training import Run
+    from hf_scratch_transformer.loop import Trainer
 
-    real_loss = Run._loss
-    Run._loss = lambda self, batch: real_loss(self, batch) * float("nan")
+    real_loss = Trainer._loss
+    Trainer._loss = lambda self, batch: real_loss(self, batch) * float("nan")
     try:
         output_dir = ws.fresh("nan")
         message = one_line(*run_train(tiny_flags(output_dir, save_steps=0)), 1, "loss became nan at step 1",
                            "no checkpoint", "--overwrite_output_dir")
     finally:
-        Run._loss = real_loss
+        Trainer._loss = real_loss
     if "--resume_from_checkpoint" in message:
         raise Failure(f"advises resuming with no checkpoint to resume from: {message}")
     return message
@@ -517,7 +517,7 @@ def _disk_full_at_a_checkpoint(ws: Workspace) -> str:
                            "--resume_from_checkpoint latest")
     finally:
         Accelerator.save_state = real_save_state
-    from hf_scratch_transformer.training import list_checkpoints
+    from hf_scratch_transformer.checkpointing import list_checkpoints
 
     left = sorted(path.name for path in output_dir.glob("checkpoint-*"))
     if left != ["checkpoint-2"] or [path.name for path in list_checkpoints(output_dir)] != ["checkpoint-2"]:

@@ -2,14 +2,7 @@
 
 import pytest
 import torch
-from conftest_cli import (  # noqa: F401  (fixtures)
-    PAIRS_EN_ES,
-    one_torch_thread,
-    png_size,
-    start_cli,
-    trained_model,
-    trained_model_dir,
-)
+from helpers import PAIRS_EN_ES, png_size, start_cli
 
 from hf_scratch_transformer import cli, plotting
 from hf_scratch_transformer.translate import generate_ids, translate_texts
@@ -17,6 +10,8 @@ from hf_scratch_transformer.translate import generate_ids, translate_texts
 SOURCES = [source for source, _ in PAIRS_EN_ES]
 REFERENCES = dict(PAIRS_EN_ES)
 FILE_LINES = [SOURCES[0], "", SOURCES[5], "   ", SOURCES[2], "", SOURCES[10]]
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

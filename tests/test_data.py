@@ -6,11 +6,13 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset, DatasetDict, IterableDataset
+from helpers import CORPUS_PAIRS, fails_with, pair_records, saved_files, tiny_run_flags, write_jsonl
 from transformers import DataCollatorForSeq2Seq
 
 import hf_scratch_transformer.data as data
-from conftest_data import corpus_tokenizer, shipped_corpus  # noqa: F401
+from hf_scratch_transformer.arguments import check_arguments, parse_arguments
 from hf_scratch_transformer.data import (
+    CorpusError,
     DataArguments,
     SentenceBatchSampler,
     TokenBucketBatchSampler,
@@ -22,6 +24,7 @@ from hf_scratch_transformer.data import (
     preprocess_corpus,
     sequence_lengths,
 )
+from hf_scratch_transformer.tokenization import train_tokenizer_on_corpus
 
 DATA_CARD = Path(data.CORPUS_DIR) / "README.md"
 PAIRS = [
@@ -355,3 +358,85 @@ def test_samplers_work_under_accelerate_sharding():
     assert sampler.epoch == 3
     assert len(per_process[0]) == len(per_process[1])
     assert {i for batches in per_process for batch in batches for i in batch} == set(range(1001))
+
+
+# ---------------------------------------------------------------------------------------------------- broken corpora
+
+
+def _corpus_case(case, tmp_path):
+    """(flags, expected message parts) of one broken corpus."""
+    train = write_jsonl(tmp_path / "train.jsonl", pair_records())
+    flags = {"train_file": str(train), "max_train_samples": None, "max_eval_samples": None, "max_predict_samples": None}
+    if case == "missing_file":
+        flags["train_file"] = str(tmp_path / "nope.jsonl")
+        return flags, ["train file", "nope.jsonl", "does not exist"]
+    if case == "empty_file":
+        (tmp_path / "empty.jsonl").write_text("")
+        flags["train_file"] = str(tmp_path / "empty.jsonl")
+        return flags, ["empty.jsonl", "is empty"]
+    if case == "not_utf8":
+        (tmp_path / "latin1.jsonl").write_bytes(
+            train.read_bytes() + '{"translation": {"en": "café", "es": "café"}}\n'.encode("latin-1"))
+        flags["train_file"] = str(tmp_path / "latin1.jsonl")
+        return flags, ["latin1.jsonl", "not UTF-8", f"line {len(CORPUS_PAIRS) + 1}", "iconv"]
+    if case == "malformed_json":
+        lines = train.read_text().splitlines()
+        lines[2] = lines[2][:-5]
+        (tmp_path / "broken.jsonl").write_text("\n".join(lines) + "\n")
+        flags["train_file"] = str(tmp_path / "broken.jsonl")
+        return flags, ["broken.jsonl", "not valid jsonl", "line 3"]
+    if case == "language_missing":
+        flags["target_lang"] = "fr"
+        return flags, ["['fr'] not found", "keys present are ['en', 'es']", "--target_lang"]
+    if case == "every_pair_filtered":
+        flags.update(max_source_length=4, max_target_length=4)
+        return flags, ["every training pair was filtered out", "'too_long': 20", "--max_source_length"]
+    if case == "validation_without_pairs":
+        empty_pairs = [{"translation": {"en": "", "es": " "}}, {"translation": {"en": None, "es": "Hola."}}]
+        flags["validation_file"] = str(write_jsonl(tmp_path / "valid.jsonl", empty_pairs))
+        flags["test_file"] = str(train)
+        return flags, ["validation split has no usable pairs", "--validation_file"]
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["missing_file", "empty_file", "not_utf8", "malformed_json", "language_missing",
+                                  "every_pair_filtered", "validation_without_pairs"])
+def test_broken_corpus_stops_with_one_line_naming_the_problem(case, tmp_path, capsys):
+    output_dir = tmp_path / "out"
+    flags, expected = _corpus_case(case, tmp_path)
+    message = fails_with(tiny_run_flags(output_dir, **flags), capsys)
+    assert message.startswith("error: ")
+    for part in expected:
+        assert part in message, (part, message)
+    assert saved_files(output_dir) == []  # no model, no checkpoint: nothing half-written
+    # ... and the same command, corrected, is not refused because of what the failed run left behind.
+    check_arguments(*parse_arguments(tiny_run_flags(output_dir)))
+
+
+def test_null_missing_and_empty_sentences_are_skipped_and_counted(tmp_path):
+    records = pair_records() + [
+        {"translation": {"en": "Hello.", "es": None}},  # null
+        {"translation": {"en": "Hello."}},  # the target language missing from one record
+        {"translation": {"en": "", "es": "Hola."}},  # empty
+        {"translation": {"en": "   ", "es": "Hola."}},  # whitespace only
+    ]
+    path = write_jsonl(tmp_path / "train.jsonl", [records[-1]] + records[:-1])  # a broken record comes first
+    args = DataArguments(train_file=str(path), validation_file=str(path), test_file=str(path))
+    corpus = load_parallel_corpus(args)
+    tokenizer = train_tokenizer_on_corpus(corpus["train"], "en", "es", vocab_size=300)  # nulls do not break it
+    _, report = preprocess_corpus(corpus, tokenizer, args)
+    assert report["train"] == {"input": len(CORPUS_PAIRS) + 4, "empty": 4, "too_long": 0, "bad_ratio": 0, "kept": len(CORPUS_PAIRS)}
+    assert report["validation"]["empty"] == 4 and report["validation"]["kept"] == len(CORPUS_PAIRS)
+
+
+def test_corpus_errors_are_one_exception_family(tmp_path):
+    """Library callers can catch CorpusError; the historical types (FileNotFoundError, KeyError) still match."""
+    with pytest.raises(CorpusError) as missing:
+        load_parallel_corpus(DataArguments(train_file=str(tmp_path / "nope.jsonl")))
+    assert isinstance(missing.value, FileNotFoundError)
+    write_jsonl(tmp_path / "t.jsonl", pair_records())
+    with pytest.raises(CorpusError) as language:
+        load_parallel_corpus(DataArguments(train_file=str(tmp_path / "t.jsonl"), source_lang="de"))
+    assert isinstance(language.value, KeyError) and str(language.value).startswith("Language key(s) ['de']")
+    with pytest.raises(CorpusError, match="only 1 pairs: too few to carve"):
+        load_parallel_corpus(DataArguments(train_file=str(write_jsonl(tmp_path / "one.jsonl", pair_records()[:1]))))

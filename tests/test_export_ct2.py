@@ -11,7 +11,7 @@ import sys
 import ctranslate2  # in the dev extra: pip install -e ".[dev]"
 import pytest
 import torch
-from conftest_cli import PAIRS_EN_ES, one_torch_thread, run_cli, start_cli, trained_model, trained_model_dir  # noqa: F401
+from helpers import PAIRS_EN_ES, REPO, run_cli, start_cli
 
 from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration
 from hf_scratch_transformer.export_ct2 import (
@@ -24,6 +24,8 @@ from hf_scratch_transformer.export_ct2 import (
     unexpressible_settings,
 )
 from hf_scratch_transformer.translate import strip_generated
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 UNSEEN = [
     "Something entirely different, which the model has never seen in training at all.",
@@ -259,9 +261,8 @@ def run_cli_module(module, *args):
     import os
     import subprocess
 
-    from conftest_cli import REPO_ROOT
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "HF_HUB_OFFLINE": "1", "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,
-                          encoding="utf-8", cwd=REPO_ROOT, env=env, timeout=180)
+                          encoding="utf-8", cwd=REPO, env=env, timeout=180)

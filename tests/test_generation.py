@@ -6,15 +6,11 @@ import textwrap
 
 import pytest
 import torch
+from helpers import train_on_pairs
 from transformers import AutoModelForSeq2SeqLM, CompileConfig, GenerationConfig, pipeline
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from hf_scratch_transformer import (
-    ScratchTransformerConfig,
-    ScratchTransformerForConditionalGeneration,
-    TranslationPipeline,
-    translation_pipeline,
-)
+from hf_scratch_transformer import TranslationPipeline, translation_pipeline
 
 GENERATION = dict(decoder_start_token_id=1, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
@@ -22,20 +18,9 @@ GENERATION = dict(decoder_start_token_id=1, bos_token_id=1, eos_token_id=2, pad_
 @pytest.fixture(scope="module")
 def trained(pairs, tiny_tokenizer):
     """A tiny model trained briefly on the pairs: confident, non-degenerate outputs to compare decodings on."""
-    torch.manual_seed(0)
-    config = ScratchTransformerConfig.from_preset("tiny", vocab_size=len(tiny_tokenizer), dropout=0.0)
-    model = ScratchTransformerForConditionalGeneration(config)
-    sources, targets = zip(*pairs)
-    batch = tiny_tokenizer(list(sources), text_target=list(targets), padding=True, return_tensors="pt")
-    batch["labels"] = batch["labels"].masked_fill(batch["labels"] == 0, -100)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(60):
-        loss = model(**batch).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    model, _ = train_on_pairs(pairs, tiny_tokenizer, steps=60)
     model.generation_config = GenerationConfig(**GENERATION, max_new_tokens=47, num_beams=4, early_stopping=True)
-    return model.eval()
+    return model
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import sys
 
 import pytest
-from conftest_train import REPO
+from helpers import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
 import hostile_inputs  # noqa: E402

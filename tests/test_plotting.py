@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from conftest_cli import PAIRS_EN_ES, one_torch_thread, png_size, trained_model  # noqa: F401
+from helpers import PAIRS_EN_ES, png_size
 
 from hf_scratch_transformer import plotting
 from hf_scratch_transformer.plotting import (
@@ -15,6 +15,9 @@ from hf_scratch_transformer.plotting import (
     token_labels,
 )
 from hf_scratch_transformer.translate import generate_ids
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_cross_attention_matrices_match_generate(trained_model):

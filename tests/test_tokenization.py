@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from conftest_data import TOKENIZER_VOCAB_SIZE, corpus_tokenizer, shipped_corpus  # noqa: F401
+from helpers import TOKENIZER_VOCAB_SIZE
 from hf_scratch_transformer.tokenization import sample_sentences, train_bpe_tokenizer, train_tokenizer_on_corpus
 
 UNSEEN_TEXTS = [

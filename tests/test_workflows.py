@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest_cli import PAIRS_EN_ES, one_torch_thread, trained_model, trained_model_dir  # noqa: F401
-from conftest_train import MODEL_CARD_TEMPLATE, tiny_run_flags
+from helpers import MODEL_CARD_TEMPLATE, PAIRS_EN_ES, tiny_run_flags
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig, pipeline
 
@@ -26,8 +25,11 @@ from hf_scratch_transformer import (
     translate,
     translation_pipeline,
 )
-from hf_scratch_transformer.training import LEGACY_TRAINER_STATE, TRAINER_STATE, main, resolve_checkpoint
+from hf_scratch_transformer.checkpointing import LEGACY_TRAINER_STATE, TRAINER_STATE, resolve_checkpoint
+from hf_scratch_transformer.training import main
 from hf_scratch_transformer.translate import ModelLoadError, generate_ids, load_model_and_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SOURCES = ["Jesus wept.", "In the beginning God created the heavens and the earth, and the earth was without form.",
            "God is love."]
@@ -63,7 +65,7 @@ def finetune_flags(output_dir, model_dir, **overrides) -> list[str]:
 
 
 @pytest.fixture
-def endless_model(trained_model):  # noqa: F811
+def endless_model(trained_model):
     """The session's tiny model, forbidden to emit </s>: it stops only where a length limit stops it."""
     model, tokenizer, _ = trained_model
     endless = copy.deepcopy(model)
@@ -89,7 +91,7 @@ def test_decoding_stops_at_a_times_source_length_plus_b(endless_model, num_beams
     assert {len(ids) for ids in unbounded} == {40}
 
 
-def test_the_command_line_bounds_translations_by_default(trained_model_dir, monkeypatch, capsys):  # noqa: F811
+def test_the_command_line_bounds_translations_by_default(trained_model_dir, monkeypatch, capsys):
     asked = []
     original = ScratchTransformerForConditionalGeneration.generate
 
@@ -120,7 +122,7 @@ class Records(logging.Handler):
 
 
 @pytest.fixture(scope="module")
-def finetuned_run(tmp_path_factory, trained_model_dir):  # noqa: F811
+def finetuned_run(tmp_path_factory, trained_model_dir):
     """train.py started from the session's tiny model with a learning rate too small to move the weights: (output
     directory, log messages, stderr)."""
     output_dir = tmp_path_factory.mktemp("finetuned") / "out"
@@ -145,7 +147,7 @@ def finetuned(finetuned_run):
     return finetuned_run[0]
 
 
-def test_finetuning_starts_from_the_saved_model_and_keeps_its_vocabulary(finetuned, trained_model_dir):  # noqa: F811
+def test_finetuning_starts_from_the_saved_model_and_keeps_its_vocabulary(finetuned, trained_model_dir):
     start = load_file(trained_model_dir / "model.safetensors")
     end = load_file(finetuned / "model.safetensors")
     assert start.keys() == end.keys()
@@ -164,7 +166,7 @@ def test_finetuning_starts_from_the_saved_model_and_keeps_its_vocabulary(finetun
 
 @pytest.mark.parametrize("flags, named", [({"d_model": 96}, "d_model 96 (the model has 64)"),
                                           ({"preset": "small"}, "d_model 256 (the model has 64)")])
-def test_size_flags_that_contradict_the_model_are_one_line_errors(flags, named, trained_model_dir, tmp_path,  # noqa: F811
+def test_size_flags_that_contradict_the_model_are_one_line_errors(flags, named, trained_model_dir, tmp_path,
                                                                   capsys):
     assert main(finetune_flags(tmp_path / "out", trained_model_dir, **flags), MODEL_CARD_TEMPLATE) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -172,7 +174,7 @@ def test_size_flags_that_contradict_the_model_are_one_line_errors(flags, named, 
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
-def test_do_predict_alone_writes_predictions_in_input_order(trained_model, tmp_path, capsys):  # noqa: F811
+def test_do_predict_alone_writes_predictions_in_input_order(trained_model, tmp_path, capsys):
     model, tokenizer, model_dir = trained_model
     output_dir = tmp_path / "out"
     flags = finetune_flags(output_dir, model_dir, do_predict=True, num_beams=1, eval_max_new_tokens=12, max_len_a=0,
@@ -190,7 +192,7 @@ def test_do_predict_alone_writes_predictions_in_input_order(trained_model, tmp_p
     assert json.loads((output_dir / "all_results.json").read_text())["predict_bleu"] == results["predict_bleu"]
 
 
-def test_validation_and_test_decoding_are_bounded(trained_model_dir, tmp_path, monkeypatch):  # noqa: F811
+def test_validation_and_test_decoding_are_bounded(trained_model_dir, tmp_path, monkeypatch):
     asked = []
     original = ScratchTransformerForConditionalGeneration.generate
 
@@ -263,7 +265,7 @@ def test_plain_generate_and_pipeline_calls_give_no_warnings(finetuned):
 # ------------------------------------------------------------------------------------- pipeline, local paths, LoRA
 
 
-def test_translation_pipeline_can_be_built_twice_on_one_model(trained_model):  # noqa: F811
+def test_translation_pipeline_can_be_built_twice_on_one_model(trained_model):
     model, tokenizer, _ = trained_model
     first = translation_pipeline(model, tokenizer)("Jesus wept.", max_new_tokens=6)
     second = translation_pipeline(model, tokenizer)("Jesus wept.", max_new_tokens=6)
@@ -311,7 +313,7 @@ LORA_ATTENTION = ["qkv_proj", "q_proj", "kv_proj", "out_proj"]  # README's recip
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # raised inside peft
-def test_lora_recipe_adapts_every_attention_projection(trained_model):  # noqa: F811
+def test_lora_recipe_adapts_every_attention_projection(trained_model):
     import peft
 
     model, tokenizer, _ = trained_model
@@ -352,7 +354,7 @@ def test_lora_recipe_adapts_every_attention_projection(trained_model):  # noqa: 
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
-def test_the_common_q_v_recipe_misses_most_of_the_attention(trained_model):  # noqa: F811
+def test_the_common_q_v_recipe_misses_most_of_the_attention(trained_model):
     """Why README gives its own target list: `["q_proj", "v_proj"]` matches only the cross-attention queries."""
     import peft
 

@@ -1,0 +1,382 @@
+"""train.py's flags and the checks made on them before any work.
+
+Names follow transformers' `run_translation.py` and `Seq2SeqTrainingArguments` where they overlap; model size flags
+are the config's own field names (`--d_model`, `--encoder_attention_heads`, `--decoder_ffn_dim`, ...), with
+`--attention_heads` and `--ffn_dim` as shortcuts that set both sides. Every size flag left out is the preset's, or
+the `--model_name_or_path` model's: the defaults live in the config (`ScratchTransformerConfig`, `PRESETS`).
+Flags can also come from a JSON / YAML file given first: `train.py run.yaml --max_steps 5`.
+"""
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from transformers import HfArgumentParser
+
+from .checkpointing import LOCK_FILE
+from .configuration_scratch_transformer import DEFAULT_PRESET, PRESETS, ScratchTransformerConfig
+from .data import DataArguments
+from .errors import UsageError
+from .export import is_staging
+
+CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
+LR_SCHEDULERS = ("inverse_sqrt", "linear", "cosine", "constant_with_warmup")  # transformers.get_scheduler names
+# Config fields a size flag sets (the architecture); the dropout rates may change when fine-tuning.
+SIZE_FIELDS = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
+               "encoder_ffn_dim", "decoder_ffn_dim", "normalize_before", "max_position_embeddings")
+DROPOUT_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
+SHORTCUTS = {"attention_heads": ("encoder_attention_heads", "decoder_attention_heads"),
+             "ffn_dim": ("encoder_ffn_dim", "decoder_ffn_dim")}
+
+
+def _config_field(help_text: str):
+    """A flag named as a ScratchTransformerConfig field; None (not given) leaves the preset's or model's value."""
+    return field(default=None, metadata={"help": help_text})
+
+
+@dataclass
+class ModelArguments:
+    """Model size: a preset, then config fields; or an existing model to fine-tune or continue training."""
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Start from this saved model directory or hub id, with its tokenizer (vocabulary kept), "
+                          "instead of a new model; size flags must then agree with it."},
+    )
+    preset: str | None = field(
+        default=None, metadata={"help": f"Model size preset: {', '.join(PRESETS)} (default: {DEFAULT_PRESET})."}
+    )
+    d_model: int | None = _config_field("Width of the residual stream (the preset's if not given).")
+    encoder_layers: int | None = _config_field("Encoder layers.")
+    decoder_layers: int | None = _config_field("Decoder layers.")
+    encoder_attention_heads: int | None = _config_field("Heads of the encoder's attention.")
+    decoder_attention_heads: int | None = _config_field("Heads of the decoder's self- and cross-attention.")
+    attention_heads: int | None = _config_field(
+        "Shortcut: --encoder_attention_heads and --decoder_attention_heads (each wins over it where given).")
+    encoder_ffn_dim: int | None = _config_field("Feed-forward width of the encoder layers.")
+    decoder_ffn_dim: int | None = _config_field("Feed-forward width of the decoder layers.")
+    ffn_dim: int | None = _config_field(
+        "Shortcut: --encoder_ffn_dim and --decoder_ffn_dim (each wins over it where given).")
+    dropout: float | None = _config_field("Residual and embedding dropout (P_drop); the config's, or the model's.")
+    attention_dropout: float | None = _config_field("Dropout on attention weights; the config's, or the model's.")
+    activation_dropout: float | None = _config_field(
+        "Dropout after the feed-forward ReLU; the config's, or the model's.")
+    normalize_before: bool | None = field(  # `--normalize_before` alone means true
+        default=None, metadata={"help": "Pre-norm instead of the paper's post-norm.", "nargs": "?", "const": True})
+    max_position_embeddings: int | None = _config_field("Longest sequence the model accepts (the config's: 1024).")
+
+    def preset_name(self) -> str:
+        return self.preset or DEFAULT_PRESET
+
+    def dropout_overrides(self) -> dict:
+        """The dropout rates given on the command line (a fine-tuned model keeps its own otherwise)."""
+        return {name: getattr(self, name) for name in DROPOUT_FIELDS if getattr(self, name) is not None}
+
+    def given_sizes(self) -> dict:
+        """The size fields given on the command line, shortcuts resolved (a side given explicitly wins)."""
+        sizes = {}
+        for shortcut, sides in SHORTCUTS.items():
+            if getattr(self, shortcut) is not None:
+                sizes.update(dict.fromkeys(sides, getattr(self, shortcut)))
+        sizes.update({name: getattr(self, name) for name in SIZE_FIELDS if getattr(self, name) is not None})
+        return sizes
+
+    def size_overrides(self) -> dict:
+        """Config fields set by size flags on the command line (a preset given explicitly included): what a
+        --model_name_or_path model must already have."""
+        return {**(PRESETS[self.preset] if self.preset is not None else {}), **self.given_sizes()}
+
+    def build_config(self, vocab_size: int) -> ScratchTransformerConfig:
+        """The preset's config (the config checks the name), then every field given; one line if invalid."""
+        try:
+            return ScratchTransformerConfig.from_preset(self.preset_name(), vocab_size=vocab_size,
+                                                        **self.given_sizes(), **self.dropout_overrides())
+        except ValueError as error:
+            raise UsageError(f"invalid model size: {error}") from error
+
+
+@dataclass
+class TrainingArguments:
+    """How to train; names follow transformers' Seq2SeqTrainingArguments where they overlap."""
+
+    output_dir: str = field(default="outputs/scratch-small-en-es", metadata={"help": "Where the model goes."})
+    overwrite_output_dir: bool = field(default=False, metadata={"help": "Reuse a non-empty output_dir."})
+    num_train_epochs: float = field(default=3.0, metadata={"help": "Epochs over the training split."})
+    max_steps: int = field(default=-1, metadata={"help": "If > 0: optimiser steps to run (overrides epochs)."})
+    learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate, reached after warm-up."})
+    warmup_steps: int = field(default=400, metadata={"help": "Linear warm-up steps, then --lr_scheduler_type's decay."})
+    lr_scheduler_type: str = field(
+        default="inverse_sqrt",
+        metadata={"help": "Decay after warm-up: inverse_sqrt (the paper's), linear or cosine (to 0 at the last step), "
+                          "constant_with_warmup."})
+    adam_beta1: float = field(default=0.9, metadata={"help": "Adam β1 (paper: 0.9)."})
+    adam_beta2: float = field(default=0.98, metadata={"help": "Adam β2 (paper: 0.98)."})
+    adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam ε (paper: 1e-9)."})
+    weight_decay: float = field(default=0.0, metadata={"help": "Decoupled weight decay (AdamW) if > 0."})
+    label_smoothing_factor: float = field(default=0.1, metadata={"help": "Label smoothing ε_ls (paper: 0.1)."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0: off)."})
+    per_device_train_batch_size: int = field(default=64, metadata={"help": "Sentences per batch without --max_tokens."})
+    per_device_eval_batch_size: int = field(default=64, metadata={"help": "Sentences per evaluation batch."})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Batches per optimiser step."})
+    seed: int = field(default=42, metadata={"help": "Seed of initialisation, dropout and batch order."})
+    logging_steps: int = field(default=50, metadata={"help": "Log loss, learning rate and tokens/s every N steps."})
+    eval_steps: int = field(default=500, metadata={"help": "Validate every N steps (0: only at the end)."})
+    save_steps: int = field(default=500, metadata={"help": "Checkpoint every N steps (0: only at the end)."})
+    save_total_limit: int = field(default=2, metadata={"help": "Keep only the last N checkpoints."})
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata={"help": "Checkpoint directory, or 'latest' for the newest one in output_dir."}
+    )
+    overwrite_newer_checkpoints: bool = field(
+        default=False,
+        metadata={"help": "Resuming from an older checkpoint-N: move the newer checkpoints aside into "
+                  "output_dir/abandoned-after-N-<time>/ instead of refusing."},
+    )
+    average_checkpoints: int = field(
+        default=1, metadata={"help": "Final weights = average of the last K checkpoints (fairseq-style); 1: off."}
+    )
+    num_beams: int = field(default=4, metadata={"help": "Beam size of the test evaluation and the saved model."})
+    eval_max_new_tokens: int = field(default=256, metadata={"help": "Longest translation during evaluation."})
+    max_len_a: float = field(
+        default=1.5, metadata={"help": "Evaluation translations get at most max_len_a * source tokens + max_len_b new "
+                                       "tokens (fairseq), within --eval_max_new_tokens; 0 and 0: no bound."})
+    max_len_b: float = field(default=10, metadata={"help": "See --max_len_a."})
+    do_train: bool = field(default=False, metadata={"help": "Train (with no --do_* flag: train, eval and predict)."})
+    do_eval: bool = field(default=False, metadata={"help": "Validation loss, BLEU and chrF at the end."})
+    do_predict: bool = field(
+        default=False, metadata={"help": "Translate the test split: generated_predictions.txt, test BLEU and chrF."})
+    report_to: str = field(default="tensorboard", metadata={"help": "Accelerate tracker(s), comma-separated, or none."})
+    bf16: bool = field(default=False, metadata={"help": "bf16 mixed precision (GPU, or recent CPUs)."})
+    fp16: bool = field(default=False, metadata={"help": "fp16 mixed precision (GPU)."})
+    torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
+    dataloader_num_workers: int = field(default=0, metadata={"help": "Worker processes for batch collation."})
+    push_to_hub: bool = field(default=False, metadata={"help": "Upload the output directory to the model hub."})
+    hub_model_id: str | None = field(default=None, metadata={"help": "Hub repository (default: output_dir's name)."})
+    hub_strategy: str = field(
+        default="end", metadata={"help": "end | every_save (model at each save) | checkpoint (also last-checkpoint/)."}
+    )
+    hub_token: str | None = field(default=None, metadata={"help": "Hub token (default: HF_TOKEN or stored login)."})
+    hub_private_repo: bool = field(default=False, metadata={"help": "Create the hub repository as private."})
+    cpu_threads: int = field(
+        default=0, metadata={"help": "Torch threads per process on CPU (0: the CPUs available / local processes)."}
+    )
+    debug: bool = field(default=False, metadata={"help": "Show full tracebacks of errors."})
+    verbose: bool = field(
+        default=False, metadata={"help": "Show the datasets progress bars and library logs that are hidden by default."})
+
+
+
+# ---------------------------------------------------------------------------------------------------- parsing
+
+
+def parse_arguments(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, TrainingArguments]:
+    """Command-line flags, optionally after a .json / .yaml file holding flags: `train.py run.yaml --max_steps 5`.
+
+    The file's keys become flags placed before the command line's, so flags given on the command line override the
+    file, and every value goes through the same conversion as a flag (YAML's `1e-3`, read as a string, is a float;
+    the string "no" is a false boolean; a wrong type is named).
+    """
+    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
+
+    def one_line_error(message: str):  # argparse would print the (long) usage, then exit
+        raise UsageError(f"{message} (see --help)")
+
+    parser.error = one_line_error
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].endswith(CONFIG_SUFFIXES) and not argv[0].startswith("-"):
+        path = Path(argv[0])
+        file_flags = _config_file_flags(path, {action.dest for action in parser._actions})
+        try:
+            parser.parse_args_into_dataclasses(args=file_flags)
+        except (UsageError, ValueError) as error:
+            raise UsageError(f"config file {path}: {' '.join(str(error).split())}") from error
+        argv = file_flags + argv[1:]
+    try:
+        return parser.parse_args_into_dataclasses(args=argv)
+    except ValueError as error:  # flags no dataclass knows
+        raise UsageError(f"{' '.join(str(error).split())} (see --help)") from error
+
+
+def _config_file_flags(path: Path, known: set[str]) -> list[str]:
+    """The flags a JSON / YAML config file stands for; its problems named in one line."""
+    if path.is_dir():
+        raise UsageError(f"config file {path} is a directory: give a .json or .yaml file")
+    if not path.is_file():
+        raise UsageError(f"config file {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"config file {path} cannot be read as UTF-8 text ({error})") from error
+    try:
+        if path.suffix == ".json":
+            values = json.loads(text)
+        else:
+            values = yaml.safe_load(text)
+    except Exception as error:  # noqa: BLE001  (json and yaml raise their own kinds)
+        reason = " ".join(str(error).split())[:300]
+        raise UsageError(f"config file {path} is not valid {path.suffix[1:].upper()}: {reason}") from error
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise UsageError(f"config file {path} must hold a mapping of flag names to values (like "
+                         f"`max_steps: 100`), not a {type(values).__name__}")
+    flags = []
+    for key, value in values.items():
+        if key not in known:
+            raise UsageError(f"config file {path}: unknown key {key!r} (see --help for the flag names)")
+        if value is None:
+            continue
+        if isinstance(value, (dict, list)):
+            raise UsageError(f"config file {path}: {key} must be a single value, not a {type(value).__name__} "
+                             f"({json.dumps(value)[:80]})")
+        flags += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return flags
+
+
+
+# ------------------------------------------------------------------------------------------------------ checks
+
+
+def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
+    """Refuse contradictory or impossible settings, and an output directory holding another run, before any work."""
+    check_values(model_args, data_args, args)
+    check_output_dir(args)
+
+
+def check_values(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
+    """Refuse contradictory or impossible settings before any work is done (touches no file). With no --do_*
+    flag, sets all three."""
+    _check_ranges(model_args, data_args, args)
+    config = model_args.build_config(vocab_size=data_args.tokenizer_vocab_size)  # contradicting sizes fail here
+    if not (args.do_train or args.do_eval or args.do_predict):  # run_translation.py needs them; here: all three
+        args.do_train = args.do_eval = args.do_predict = True
+    _check_phases(model_args, args)
+    _check_choices(data_args, args)
+    _check_lengths(model_args, data_args, config)
+    output_dir = Path(args.output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UsageError(f"--output_dir {output_dir} is a file, not a directory")
+
+
+def _check_phases(model_args: ModelArguments, args: TrainingArguments) -> None:
+    if args.resume_from_checkpoint and not args.do_train:
+        raise UsageError("--resume_from_checkpoint continues training: add --do_train (or no --do_* flag)")
+    if not args.do_train and not model_args.model_name_or_path:
+        raise UsageError("--do_eval/--do_predict without --do_train evaluate an existing model: give it with "
+                         "--model_name_or_path DIR")
+
+
+def _check_choices(data_args: DataArguments, args: TrainingArguments) -> None:
+    if args.max_len_a < 0 or args.max_len_b < 0:
+        raise UsageError(f"--max_len_a and --max_len_b must be >= 0, got {args.max_len_a} and {args.max_len_b}")
+    if data_args.source_lang == data_args.target_lang:
+        raise UsageError(f"--source_lang and --target_lang are both {data_args.source_lang!r}: give two languages")
+    if args.hub_strategy not in ("end", "every_save", "checkpoint"):
+        raise UsageError(f"--hub_strategy must be end, every_save or checkpoint, not {args.hub_strategy!r}")
+    if args.bf16 and args.fp16:
+        raise UsageError("--bf16 and --fp16 are exclusive: pick one")
+    if args.lr_scheduler_type not in LR_SCHEDULERS:
+        raise UsageError(f"--lr_scheduler_type must be one of {', '.join(LR_SCHEDULERS)}, not {args.lr_scheduler_type!r}")
+    for name in ("gradient_accumulation_steps", "per_device_train_batch_size", "per_device_eval_batch_size",
+                 "num_beams", "logging_steps", "average_checkpoints"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if data_args.streaming and args.max_steps <= 0:
+        raise UsageError("--streaming reads a corpus of unknown length, so epochs cannot be counted: give --max_steps N")
+
+
+def _check_lengths(model_args: ModelArguments, data_args: DataArguments, config: ScratchTransformerConfig) -> None:
+    longest = max(data_args.max_source_length, data_args.max_target_length)
+    if data_args.max_tokens and data_args.max_tokens < longest:
+        raise UsageError(
+            f"--max_tokens {data_args.max_tokens} is smaller than the longest allowed sentence ({longest} tokens): "
+            f"raise --max_tokens or lower --max_source_length/--max_target_length"
+        )
+    # A --model_name_or_path model's own limit is checked when it is loaded (check_model_flags).
+    limit = model_args.max_position_embeddings or (None if model_args.model_name_or_path
+                                                   else config.max_position_embeddings)
+    if limit is not None and longest + 1 > limit:
+        raise UsageError(
+            f"--max_source_length/--max_target_length ({longest}) must be below --max_position_embeddings "
+            f"({limit})"
+        )
+
+
+def check_output_dir(args: TrainingArguments) -> None:
+    """A non-empty output directory is only reused on request."""
+    output_dir = Path(args.output_dir)
+    # Staging folders left by a run that stopped during setup hold nothing to lose; the lock is this run's.
+    kept = [path for path in output_dir.iterdir() if not is_staging(path) and path.name != LOCK_FILE] \
+        if output_dir.is_dir() else []
+    if kept and args.do_train and not args.overwrite_output_dir and not args.resume_from_checkpoint:
+        raise UsageError(
+            f"output directory {output_dir} exists and is not empty: pass --overwrite_output_dir to replace it, "
+            f"--resume_from_checkpoint latest to continue its run, or another --output_dir"
+        )
+
+
+def check_model_flags(model_args: ModelArguments, data_args: DataArguments, config, name: str) -> None:
+    """Size flags given with --model_name_or_path must describe that model: the vocabulary and sizes are its own."""
+    different = [f"{key} {value} (the model has {getattr(config, key, None)})"
+                 for key, value in model_args.size_overrides().items() if getattr(config, key, None) != value]
+    if different:
+        raise UsageError(f"size flags contradict the model {name}: {'; '.join(different)}; drop them to start from "
+                         f"the model as it is")
+    longest = max(data_args.max_source_length, data_args.max_target_length)
+    if longest + 1 > config.max_position_embeddings:
+        raise UsageError(f"--max_source_length/--max_target_length ({longest}) must be below the model's "
+                         f"max_position_embeddings ({config.max_position_embeddings})")
+
+
+# (flag, value, lowest, highest, lowest allowed?, highest allowed?): each value must be a finite number in range.
+def _numeric_rules(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> list:
+    inf = math.inf
+    rules = [
+        ("learning_rate", args.learning_rate, 0, inf, False, True),
+        ("warmup_steps", args.warmup_steps, 0, inf, True, True),
+        ("adam_beta1", args.adam_beta1, 0, 1, True, False),
+        ("adam_beta2", args.adam_beta2, 0, 1, True, False),
+        ("adam_epsilon", args.adam_epsilon, 0, inf, False, True),
+        ("weight_decay", args.weight_decay, 0, inf, True, True),
+        ("label_smoothing_factor", args.label_smoothing_factor, 0, 1, True, False),
+        ("max_grad_norm", args.max_grad_norm, 0, inf, True, True),
+        ("eval_steps", args.eval_steps, 0, inf, True, True),
+        ("save_steps", args.save_steps, 0, inf, True, True),
+        ("save_total_limit", args.save_total_limit, 1, inf, True, True),
+        ("cpu_threads", args.cpu_threads, 0, inf, True, True),
+        ("dataloader_num_workers", args.dataloader_num_workers, 0, inf, True, True),
+        ("eval_max_new_tokens", args.eval_max_new_tokens, 1, inf, True, True),
+        ("dropout", model_args.dropout, 0, 1, True, False),
+        ("attention_dropout", model_args.attention_dropout, 0, 1, True, False),
+        ("activation_dropout", model_args.activation_dropout, 0, 1, True, False),
+        ("max_position_embeddings", model_args.max_position_embeddings, 2, inf, True, True),
+        ("max_source_length", data_args.max_source_length, 2, inf, True, True),
+        ("max_target_length", data_args.max_target_length, 2, inf, True, True),
+        ("validation_split_percentage", data_args.validation_split_percentage, 0, 100, False, False),
+        ("max_length_ratio", data_args.max_length_ratio, 1, inf, True, True),
+        ("tokenizer_vocab_size", data_args.tokenizer_vocab_size, 260, inf, True, True),
+    ]
+    optional = [("max_train_samples", data_args.max_train_samples, 1), ("max_eval_samples", data_args.max_eval_samples, 1),
+                ("max_predict_samples", data_args.max_predict_samples, 1),
+                ("preprocessing_num_workers", data_args.preprocessing_num_workers, 1),
+                ("tokenizer_max_sentences", data_args.tokenizer_max_sentences, 1),
+                ("max_tokens", data_args.max_tokens, 0)]
+    rules += [(name, value, low, inf, True, True) for name, value, low in optional if value is not None]
+    if args.max_steps <= 0:  # the epochs decide the length of the run
+        rules.append(("num_train_epochs", args.num_train_epochs, 0, inf, False, True))
+    return rules
+
+
+def _check_ranges(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
+    for name, value, low, high, low_ok, high_ok in _numeric_rules(model_args, data_args, args):
+        if value is None:  # not given: the preset's (or the --model_name_or_path model's) value, checked by its config
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--{name} must be a finite number, got {value}")
+        if value < low or (value == low and not low_ok) or value > high or (value == high and not high_ok):
+            upper = "∞)" if high == math.inf else f"{high}{']' if high_ok else ')'}"
+            interval = f"{'[' if low_ok else '('}{low}, {upper}"
+            hint = " (or give --max_steps N)" if name == "num_train_epochs" else ""
+            raise UsageError(f"--{name} must be in {interval}, got {value}: give a value in that range{hint}")

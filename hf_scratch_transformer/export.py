@@ -1,0 +1,248 @@
+"""What a run leaves in its output directory, and the hub upload.
+
+The Hub-format directory (weights, config, tokenizer, result files, history, curves, model card) is written into a
+hidden staging folder and moved in file by file, so a failed save leaves the previous model as it was. The hidden
+folders a run creates in its output directory are named here and nowhere else: `.tokenizer` (the tokenizer trained
+during setup, until the model is saved) and `.staging-*` (a save in progress).
+"""
+
+import json
+import logging
+import os
+import platform
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import transformers
+from huggingface_hub import HfApi
+
+from .checkpointing import ABANDONED_PREFIX, LOCK_FILE
+from .errors import TrainingFault
+from .model_card import render_model_card
+from .plotting import plot_training_curves
+
+logger = logging.getLogger("hf_scratch_transformer")
+
+TOKENIZER_STAGING = ".tokenizer"
+STAGING_PREFIX = ".staging-"
+HUB_IGNORE = ["checkpoint-*", "checkpoint-*/**", f"{STAGING_PREFIX}*", f"{TOKENIZER_STAGING}/**", "runs/**",
+              LOCK_FILE, f"{ABANDONED_PREFIX}*/**"]  # what a run keeps in output_dir that is not the model
+
+
+def is_staging(path: Path) -> bool:
+    """A hidden folder of a run (`.tokenizer`, `.staging-*`): nothing in it is lost when it is removed."""
+    return path.name.startswith((TOKENIZER_STAGING, STAGING_PREFIX))
+
+
+def tokenizer_staging(output_dir: Path) -> Path:
+    """Where the tokenizer trained during setup waits (for every process to load it) until the model is saved."""
+    return output_dir / TOKENIZER_STAGING
+
+
+@contextmanager
+def staging_folder(output_dir: Path):
+    """A fresh hidden folder in output_dir (same file system: its files can be moved in atomically), removed after."""
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=output_dir))
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------------- result files
+
+
+def result_files(results: dict, phases: dict, predictions: list[str] | None) -> dict[str, str]:
+    """run_translation.py's result files: {train,eval,predict}_results.json, all_results.json (`results`) and
+    generated_predictions.txt (one line per test source, in order)."""
+    files = {f"{phase}_results.json": json.dumps(values, indent=2) for phase, values in phases.items() if values}
+    files["all_results.json"] = json.dumps(results, indent=2)
+    if predictions is not None:
+        files["generated_predictions.txt"] = "".join(line + "\n" for line in predictions)
+    return files
+
+
+def save_results(output_dir: Path, results: dict, phases: dict, predictions: list[str] | None) -> None:
+    """Without training: write the result files into output_dir (all_results.json merged into an existing one,
+    as transformers' Trainer.save_metrics does)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    previous = output_dir / "all_results.json"
+    try:
+        merged = {**json.loads(previous.read_text()), **results} if previous.is_file() else results
+    except ValueError:
+        merged = results
+    try:
+        for name, text in result_files(merged, phases, predictions).items():
+            (output_dir / name).write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise TrainingFault(f"could not write the results into {output_dir} ({type(error).__name__}: "
+                            f"{error})") from error
+
+
+# ------------------------------------------------------------------------------------------- the model directory
+
+
+def save_model(output_dir: Path, model, tokenizer, files: dict[str, str], history: list[dict],
+               last_checkpoint: Path | None) -> None:
+    """Write the Hub-format directory: the model, its tokenizer, `files` (name -> text: result files, model card),
+    training_history.json and training_curves.png, staged then moved in file by file; the tokenizer staged during
+    setup is removed once the model is saved."""
+    model.config.use_cache = True
+    moving = False
+    try:
+        with staging_folder(output_dir) as staging:
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            for name, text in files.items():
+                (staging / name).write_text(text, encoding="utf-8")
+            (staging / "training_history.json").write_text(json.dumps(history, indent=1))
+            plot_training_curves(history, staging / "training_curves.png")
+            moving = True
+            for path in staging.iterdir():
+                os.replace(path, output_dir / path.name)
+    except OSError as error:
+        before = ("were partly replaced" if moving else "are unchanged")
+        kept = f"the last checkpoint is {last_checkpoint}" if last_checkpoint else "no checkpoint"
+        raise TrainingFault(
+            f"could not save the final model in {output_dir} ({type(error).__name__}: {error}); the model "
+            f"files there before this save {before} and {kept}: free space or fix permissions, then run "
+            f"again with --resume_from_checkpoint latest"
+        ) from error
+    shutil.rmtree(tokenizer_staging(output_dir), ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------- the model card
+
+
+def model_card(template: str | Path, *, model, model_args, data_args, args, results: dict, state, data,
+               predictions: list[str] | None, hardware: str, output_dir: Path) -> str:
+    """The model card of a run: the template filled with its corpus, sizes, recipe, measured figures and five
+    sample translations. `data` is the run's TrainingData (splits, filter report, evaluation pairs)."""
+    config = model.config
+    dataset_name, description, shipped = _dataset_facts(data_args)
+    samples = [{"source": _table_cell(s), "reference": _table_cell(r), "prediction": _table_cell(p)}
+               for s, r, p in list(zip(data.test_sources, data.test_references, predictions or []))[:5]]
+    return render_model_card(
+        template, model_name=output_dir.name, source_lang=data_args.source_lang,
+        target_lang=data_args.target_lang, dataset_name=dataset_name, results=_test_scores(results, args.num_beams),
+        dataset_description=description, test_pairs=len(data.test_sources),
+        train_pairs="streamed" if data_args.streaming else len(data.datasets["train"]),
+        validation_pairs=len(data.eval_sources), filter_summary=_filter_summary(data.filter_report["train"]),
+        architecture=_architecture(config, model_args), parameters=f"{model.num_parameters() / 1e6:.1f}M",
+        vocab_size=config.vocab_size, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2,
+        adam_epsilon=args.adam_epsilon, learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
+        lr_scheduler=args.lr_scheduler_type, label_smoothing=args.label_smoothing_factor, dropout=config.dropout,
+        max_grad_norm=args.max_grad_norm, batching=_batching(data_args, args), steps=state.global_step,
+        epochs=round(results.get("epoch", state.epoch), 2), train_tokens=f"{state.train_tokens:,}",
+        hardware=hardware, train_time=f"{results['train_runtime'] / 60:.1f} minutes",
+        software=(f"hf-scratch-transformer, PyTorch {torch.__version__}, transformers {transformers.__version__}, "
+                  f"Python {platform.python_version()}"),
+        sample_translations=samples, decoding_for_samples=f"beam {args.num_beams}",
+        repo_or_dir=args.hub_model_id or str(output_dir),
+        example_source=data.test_sources[0] if data.test_sources else "Hello.",
+        domain_note="the Bible in early-20th-century Spanish and modern English" if shipped else "the corpus above",
+        max_source_length=data_args.max_source_length,
+    )
+
+
+def _dataset_facts(data_args) -> tuple[str, str, bool]:
+    """(dataset name, description, whether it is the shipped corpus)."""
+    shipped = data_args.dataset_name is None and data_args.train_file is None
+    dataset_name = data_args.dataset_name or ("bible-en-es-web-rv1909" if shipped else "local files")
+    description = ("the verse-aligned English–Spanish Bible shipped with hf-scratch-transformer (World English "
+                   "Bible ↔ Reina-Valera 1909, public domain)" if shipped else f"`{dataset_name}`")
+    return dataset_name, description, shipped
+
+
+def _test_scores(results: dict, num_beams: int) -> dict:
+    """{decoding name: {"bleu", "chrf"}} of the test decodings that ran."""
+    decodings = {"_greedy": "greedy", "": "greedy" if num_beams == 1 else f"beam {num_beams}"}
+    return {label: {"bleu": results[f"predict_bleu{suffix}"], "chrf": results[f"predict_chrf{suffix}"]}
+            for suffix, label in decodings.items() if f"predict_bleu{suffix}" in results}
+
+
+def _filter_summary(report: dict) -> str:
+    if report["input"] is None:
+        return "streamed: empty, over-long and implausible-length-ratio pairs dropped as read"
+    return (f"{report['empty']} empty, {report['too_long']} over-long and {report['bad_ratio']} "
+            f"implausible-length-ratio pairs dropped of {report['input']}")
+
+
+def _architecture(config, model_args) -> str:
+    origin = (f"(started from `{model_args.model_name_or_path}`)" if model_args.model_name_or_path
+              else f"(preset `{model_args.preset_name()}`)")
+    return (f"{config.encoder_layers}+{config.decoder_layers} layers, d_model {config.d_model}, "
+            f"{config.encoder_attention_heads} heads, FFN {config.encoder_ffn_dim}, "
+            f"{'pre' if config.normalize_before else 'post'}-norm " + origin)
+
+
+def _batching(data_args, args) -> str:
+    batches = (f"token-bucketed, at most {data_args.max_tokens} tokens per batch and process" if data_args.max_tokens
+               else f"{args.per_device_train_batch_size} sentences per batch and process")
+    return batches + f", gradient accumulation {args.gradient_accumulation_steps}"
+
+
+def hardware_description(device: torch.device, processes: int) -> str:
+    """The GPU's name or the CPU's, and the number of processes: the model card's hardware line."""
+    name = (torch.cuda.get_device_name(device) if device.type == "cuda" else
+            f"{_cpu_name()}, {os.cpu_count()} logical cores")
+    return name + f", {processes} process(es)"
+
+
+def _table_cell(text: str, limit: int = 300) -> str:
+    """Text safe inside a Markdown table cell."""
+    text = " ".join(text.split()).replace("|", "\\|")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+# ------------------------------------------------------------------------------------------------------------ hub
+
+
+def hub_repo(args, output_dir: Path) -> str:
+    return args.hub_model_id or output_dir.resolve().name
+
+
+def push_to_hub(args, output_dir: Path, folder: Path, path_in_repo: str | None = None,
+                message: str = "Upload model") -> str:
+    """Upload `folder` (output_dir itself, a checkpoint, or a staged snapshot) to --hub_model_id; the commit's URL.
+    Any failure ends in a TrainingFault that says the local model is complete and how to upload it later."""
+    repo_id = hub_repo(args, output_dir)
+    try:
+        api = HfApi(token=args.hub_token)
+        api.create_repo(repo_id, private=args.hub_private_repo, exist_ok=True)
+        commit = api.upload_folder(repo_id=repo_id, folder_path=str(folder), path_in_repo=path_in_repo,
+                                   commit_message=message, ignore_patterns=HUB_IGNORE)
+    except Exception as error:  # any failure of the network or the hub ends in the same advice
+        raise TrainingFault(
+            f"could not push to the hub repository {repo_id!r}: {type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}. The model is saved and complete in "
+            f"{output_dir}; upload it later with `hf upload {repo_id} {output_dir}`"
+        ) from error
+    return str(getattr(commit, "commit_url", commit))
+
+
+def push_during_training(args, output_dir: Path, model, tokenizer, checkpoint: Path, step: int) -> None:
+    """--hub_strategy every_save / checkpoint, after a checkpoint: the model (and with `checkpoint`, the checkpoint
+    under last-checkpoint/). Failures are logged, training goes on."""
+    try:
+        if args.hub_strategy == "checkpoint":
+            push_to_hub(args, output_dir, checkpoint, "last-checkpoint", f"Checkpoint at step {step}")
+        with staging_folder(output_dir) as staging:
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            push_to_hub(args, output_dir, staging, None, f"Model at step {step}")
+    except TrainingFault as error:
+        logger.warning(f"push during training failed, training goes on: {error}")

@@ -1,0 +1,54 @@
+"""arguments.py: flags, config files and the checks made before any work (one line naming what to fix)."""
+
+import json
+
+import pytest
+from helpers import fails_with, run_tiny, tiny_run_flags
+
+from hf_scratch_transformer.arguments import parse_arguments
+from hf_scratch_transformer.errors import UsageError
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"preset": "huge"}, "invalid model size: Unknown preset 'huge': choose one of tiny, small, base, big"),
+        ({"d_model": 30, "attention_heads": 4}, "invalid model size"),
+        ({"target_lang": "en"}, "--source_lang and --target_lang are both 'en'"),
+        ({"max_tokens": 50}, "--max_tokens 50 is smaller than the longest allowed sentence (96 tokens)"),
+        ({"no_such_flag": 1}, "--no_such_flag"),
+        ({"max_steps": "many"}, "--max_steps"),
+    ],
+    ids=["unknown_preset", "width_not_divisible_by_heads", "same_languages", "max_tokens_too_small", "unknown_flag",
+         "bad_value"],
+)
+def test_contradictory_or_unknown_flags_fail_before_any_work(overrides, expected, tmp_path, capsys):
+    output_dir = tmp_path / "out"
+    message = fails_with(tiny_run_flags(output_dir, **overrides), capsys)
+    assert message.startswith("error: ") and expected in message
+    assert not output_dir.exists()
+
+
+def test_non_empty_output_dir_is_refused_unless_overwrite_or_resume(tmp_path, capsys):
+    (tmp_path / "model.safetensors").write_bytes(b"precious")
+    message = fails_with(tiny_run_flags(tmp_path), capsys)
+    assert "exists and is not empty" in message and "--overwrite_output_dir" in message
+    assert "--resume_from_checkpoint latest" in message
+    assert (tmp_path / "model.safetensors").read_bytes() == b"precious"
+    # with --resume_from_checkpoint the directory is accepted: the complaint is now about the checkpoint
+    message = fails_with(tiny_run_flags(tmp_path, resume_from_checkpoint="latest"), capsys)
+    assert "--resume_from_checkpoint latest: no complete checkpoint in" in message
+
+
+def test_config_file_instead_of_flags(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps({"preset": "tiny", "max_train_samples": 400, "max_steps": 1}))
+    (tmp_path / "run.yaml").write_text("preset: base\nmax_tokens: 4096\nnormalize_before: true\n")
+    model_args, data_args, args = parse_arguments([str(tmp_path / "run.json")])
+    assert model_args.preset == "tiny" and data_args.max_train_samples == 400 and args.max_steps == 1
+    model_args, data_args, args = parse_arguments([str(tmp_path / "run.yaml")])
+    assert model_args.preset == "base" and model_args.normalize_before and data_args.max_tokens == 4096
+
+
+def test_an_unknown_schedule_is_refused(tmp_path):
+    with pytest.raises(UsageError, match="--lr_scheduler_type must be one of"):
+        run_tiny(tmp_path, lr_scheduler_type="exponential")

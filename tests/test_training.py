@@ -1,0 +1,66 @@
+"""training.py: end-to-end runs of train.py on a slice of the shipped corpus, and main()'s one-line errors."""
+
+import json
+import logging
+
+import pytest
+from helpers import MODEL_CARD_TEMPLATE, run_tiny, tiny_run_flags
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+from hf_scratch_transformer.training import main
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("run")
+    results = run_tiny(output_dir, max_steps=40, learning_rate=3e-3, logging_steps=5, eval_steps=20, save_steps=20)
+    return output_dir, results
+
+
+def test_the_output_directory_is_in_hub_format(long_run):
+    output_dir, results = long_run
+    names = {path.name for path in output_dir.iterdir()}
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+            "README.md", "all_results.json", "training_curves.png", "modeling_scratch_transformer.py",
+            "configuration_scratch_transformer.py", "pipeline_translation.py", "train_results.json",
+            "eval_results.json", "predict_results.json", "generated_predictions.txt"} <= names
+    assert not any(name.startswith((".staging", ".tokenizer")) or name.endswith(".tmp") for name in names)
+    assert sorted(name for name in names if name.startswith("checkpoint-")) == ["checkpoint-20", "checkpoint-40"]
+    assert json.loads((output_dir / "all_results.json").read_text()) == results
+    assert results["train_steps"] == 40 and results["train_tokens"] > 0
+
+
+def test_the_model_learns(long_run):
+    output_dir, _ = long_run
+    history = json.loads((output_dir / "training_history.json").read_text())
+    train_losses = [row["train_loss"] for row in history if "train_loss" in row]
+    eval_losses = [row["eval_loss"] for row in history if "eval_loss" in row]
+    assert train_losses[-1] < train_losses[0] - 1.0
+    assert eval_losses[-1] < eval_losses[0]
+
+
+def test_the_output_loads_with_auto_classes_and_the_pipeline(long_run):
+    output_dir, _ = long_run
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    model = AutoModelForSeq2SeqLM.from_pretrained(output_dir).eval()
+    assert model.config.use_cache and model.generation_config.num_beams == 2
+    batch = tokenizer(["In the beginning God created the heavens."], return_tensors="pt")
+    generated = model.generate(**batch, max_new_tokens=8)
+    assert generated.shape[0] == 1 and generated[0, 0] == model.config.decoder_start_token_id
+    translation = pipeline("translation", model=str(output_dir), trust_remote_code=True)("Jesus wept.", max_new_tokens=8)
+    assert set(translation[0]) == {"translation_text"}
+
+
+def test_the_model_card_holds_the_measured_figures(long_run):
+    output_dir, results = long_run
+    card = (output_dir / "README.md").read_text()
+    assert card.startswith("---\n") and "pipeline_tag: translation" in card
+    assert f"| greedy | {results['predict_bleu_greedy']} | {results['predict_chrf_greedy']} |" in card
+    assert f"| beam 2 | {results['predict_bleu']} | {results['predict_chrf']} |" in card
+    assert "{{" not in card and "40 optimiser steps" in card
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys, caplog):
+    with caplog.at_level(logging.ERROR, logger="hf_scratch_transformer"):
+        assert main(tiny_run_flags(tmp_path / "out", preset="huge", debug=True), MODEL_CARD_TEMPLATE) == 2
+    assert any(record.exc_info and "UsageError" in record.exc_info[0].__name__ for record in caplog.records)
