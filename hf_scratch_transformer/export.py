@@ -134,8 +134,10 @@ def model_card(template: str | Path, *, model, model_args, data_args, args, resu
         architecture=_architecture(config, model_args), parameters=f"{model.num_parameters() / 1e6:.1f}M",
         vocab_size=config.vocab_size, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2,
         adam_epsilon=args.adam_epsilon, learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
-        lr_scheduler=args.lr_scheduler_type, label_smoothing=args.label_smoothing_factor, dropout=config.dropout,
-        max_grad_norm=args.max_grad_norm, batching=_batching(data_args, args), steps=state.global_step,
+        lr_scheduler=args.lr_scheduler_type, label_smoothing=args.label_smoothing_factor,
+        dropout=(f"{config.dropout} (attention {config.attention_dropout}, after the feed-forward activation "
+                 f"{config.activation_dropout})"),
+        final_weights=_final_weights(results), decoding=_decoding(args), max_grad_norm=args.max_grad_norm, batching=_batching(data_args, args), steps=state.global_step,
         epochs=round(results.get("epoch", state.epoch), 2), train_tokens=f"{state.train_tokens:,}",
         hardware=hardware, train_time=f"{results['train_runtime'] / 60:.1f} minutes",
         software=(f"hf-scratch-transformer, PyTorch {torch.__version__}, transformers {transformers.__version__}, "
@@ -146,6 +148,18 @@ def model_card(template: str | Path, *, model, model_args, data_args, args, resu
         domain_note="the Bible in early-20th-century Spanish and modern English" if shipped else "the corpus above",
         max_source_length=data_args.max_source_length,
     )
+
+
+def _final_weights(results: dict) -> str:
+    averaged = results.get("averaged_checkpoints") or []
+    if not averaged:
+        return "the weights after the last step"
+    return f"the average of the last {len(averaged)} checkpoints ({', '.join(map(str, averaged))})"
+
+
+def _decoding(args) -> str:
+    return (f"beam {args.num_beams} (greedy also reported), at most {args.max_len_a:g} × source length + "
+            f"{args.max_len_b:g} new tokens")
 
 
 def _dataset_facts(data_args) -> tuple[str, str, bool]:

@@ -115,6 +115,8 @@ def test_checkpoint_averaging(tmp_path):
     final = load_file(tmp_path / "model.safetensors")
     parts = [load_file(tmp_path / name / "model.safetensors") for name in results["averaged_checkpoints"]]
     torch.testing.assert_close(final["model.shared.weight"], sum(p["model.shared.weight"] for p in parts) / 3)
+    card = (tmp_path / "README.md").read_text()  # the model card states what the final weights are
+    assert "Final weights: the average of the last 3 checkpoints (checkpoint-4, checkpoint-6, checkpoint-8)" in card
 
 
 # ------------------------------------------------------------------------------------------------------------ the lock
