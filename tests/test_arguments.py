@@ -3,10 +3,11 @@
 import json
 
 import pytest
-from helpers import fails_with, run_tiny, tiny_run_flags
+from helpers import MODEL_CARD_TEMPLATE, REPO, fails_with, run_tiny, tiny_run_flags
 
 from hf_scratch_transformer.arguments import parse_arguments
 from hf_scratch_transformer.errors import UsageError
+from hf_scratch_transformer.training import run_training
 
 
 @pytest.mark.parametrize(
@@ -52,3 +53,23 @@ def test_config_file_instead_of_flags(tmp_path):
 def test_an_unknown_schedule_is_refused(tmp_path):
     with pytest.raises(UsageError, match="--lr_scheduler_type must be one of"):
         run_tiny(tmp_path, lr_scheduler_type="exponential")
+
+
+TRAINING_CONFIGS = sorted((REPO / "configs").glob("*.yaml")) + sorted((REPO / "configs").glob("*.json"))
+
+
+@pytest.mark.parametrize("config", TRAINING_CONFIGS, ids=lambda path: path.name)
+def test_every_shipped_training_config_parses(config):
+    model_args, data_args, args = parse_arguments([str(config)])
+    assert args.output_dir.startswith("outputs/")
+
+
+def test_the_gpu_recipe_runs_its_code_paths_on_a_cpu(tmp_path):
+    """configs/gpu-en-es.yaml's options (bf16, averaging, dropouts, loader workers), shrunk to a tiny run."""
+    flags = tiny_run_flags(tmp_path, max_steps=4, save_steps=2, eval_steps=0, num_beams=1, do_train=True,
+                           save_total_limit=None, dropout=None, tokenizer_vocab_size=600)
+    results = run_training(*parse_arguments([str(REPO / "configs" / "gpu-en-es.yaml"), *flags]), MODEL_CARD_TEMPLATE)
+    assert results["averaged_checkpoints"] == ["checkpoint-2", "checkpoint-4"]
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert (config["dropout"], config["attention_dropout"], config["activation_dropout"]) == (0.3, 0.1, 0.1)
+    assert results["train_steps"] == 4 and results["train_loss"] > 0
