@@ -104,7 +104,7 @@ class TrainingArguments:
 
     output_dir: str = field(default="outputs/scratch-small-en-es", metadata={"help": "Where the model goes."})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "Reuse a non-empty output_dir."})
-    num_train_epochs: float = field(default=3.0, metadata={"help": "Epochs over the training split."})
+    num_train_epochs: float = field(default=4.5, metadata={"help": "Epochs over the training split."})
     max_steps: int = field(default=-1, metadata={"help": "If > 0: optimiser steps to run (overrides epochs)."})
     learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate, reached after warm-up."})
     warmup_steps: int = field(default=400, metadata={"help": "Linear warm-up steps, then --lr_scheduler_type's decay."})
@@ -123,7 +123,7 @@ class TrainingArguments:
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Batches per optimiser step."})
     seed: int = field(default=42, metadata={"help": "Seed of initialisation, dropout and batch order."})
     logging_steps: int = field(default=50, metadata={"help": "Log loss, learning rate and tokens/s every N steps."})
-    eval_steps: int = field(default=500, metadata={"help": "Validate every N steps (0: only at the end)."})
+    eval_steps: int = field(default=2000, metadata={"help": "Validate every N steps (0: only at the end)."})
     save_steps: int = field(default=500, metadata={"help": "Checkpoint every N steps (0: only at the end)."})
     save_total_limit: int = field(default=2, metadata={"help": "Keep only the last N checkpoints."})
     resume_from_checkpoint: str | None = field(

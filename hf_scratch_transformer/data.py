@@ -60,12 +60,12 @@ class DataArguments:
         default=3.0,
         metadata={"help": "Drop training pairs whose source/target token-length ratio exceeds this (or 1/this)."},
     )
-    tokenizer_vocab_size: int = field(default=8000, metadata={"help": "Vocabulary size of the joint BPE tokenizer."})
+    tokenizer_vocab_size: int = field(default=4000, metadata={"help": "Vocabulary size of the joint BPE tokenizer."})
     tokenizer_max_sentences: int | None = field(
         default=500_000, metadata={"help": "Train the tokenizer on at most this many sampled sentences."}
     )
     max_tokens: int | None = field(
-        default=2048,
+        default=1024,
         metadata={
             "help": "Token budget per batch (batch size x longest padded side); 0: fixed-size sentence batches of "
             "--per_device_train_batch_size."

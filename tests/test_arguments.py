@@ -64,7 +64,17 @@ def test_every_shipped_training_config_parses(config):
     assert args.output_dir.startswith("outputs/")
 
 
-def test_the_gpu_recipe_runs_its_code_paths_on_a_cpu(tmp_path):
+@pytest.fixture
+def fresh_accelerator_state():
+    """Accelerate keeps one state per process; this test's bf16 differs from the other runs' precision."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_the_gpu_recipe_runs_its_code_paths_on_a_cpu(tmp_path, fresh_accelerator_state):
     """configs/gpu-en-es.yaml's options (bf16, averaging, dropouts, loader workers), shrunk to a tiny run."""
     flags = tiny_run_flags(tmp_path, max_steps=4, save_steps=2, eval_steps=0, num_beams=1, do_train=True,
                            save_total_limit=None, dropout=None, tokenizer_vocab_size=600)
