@@ -147,7 +147,7 @@ class MultiHeadAttention(nn.Module):
         return projected.view(batch_size, length, self.num_heads, self.head_dim).transpose(1, 2)
 
     def layer_cache(self, past_key_values: Cache | None) -> Cache | None:
-        """The cache of this kind of attention: an EncoderDecoderCache holds one for self- and one for cross-attention."""
+        """This attention's cache: an EncoderDecoderCache holds one for self- and one for cross-attention."""
         if not isinstance(past_key_values, EncoderDecoderCache):
             return past_key_values
         if self.is_cross_attention:
