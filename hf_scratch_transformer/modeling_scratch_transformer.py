@@ -26,8 +26,6 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.conversion_mapping import register_checkpoint_conversion_mapping
-from transformers.core_model_loading import Chunk, WeightConverter
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -325,11 +323,7 @@ class ScratchTransformerPreTrainedModel(PreTrainedModel):
         return dict(self._tied_weights_keys or {})
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """`PreTrainedModel.save_pretrained`, plus the translation pipeline's code beside the model's code.
-
-        Weights are written with this file's names: `save_original_format=False` keeps transformers from
-        writing back the packed layout of older checkpoints (`PACKED_CHECKPOINT_CONVERSION`)."""
-        kwargs.setdefault("save_original_format", False)
+        """`PreTrainedModel.save_pretrained`, plus the translation pipeline's code beside the model's code."""
         super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             target = Path(save_directory) / "pipeline_translation.py"
@@ -628,16 +622,6 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
-
-# Checkpoints saved before q/k/v were separate matrices hold `self_attn.qkv_proj` (Q, K, V rows stacked) and
-# `cross_attn.kv_proj` (K, V rows): `from_pretrained` splits them (transformers' weight conversion).
-PACKED_CHECKPOINT_CONVERSION = [
-    WeightConverter("self_attn.qkv_proj", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], [Chunk(dim=0)]),
-    WeightConverter("cross_attn.kv_proj", ["cross_attn.k_proj", "cross_attn.v_proj"], [Chunk(dim=0)]),
-]
-register_checkpoint_conversion_mapping(
-    ScratchTransformerConfig.model_type, PACKED_CHECKPOINT_CONVERSION, overwrite=True
-)
 
 # Saving a model also copies this file and its configuration into the directory (remote code).
 ScratchTransformerModel.register_for_auto_class("AutoModel")

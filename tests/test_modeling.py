@@ -233,35 +233,6 @@ def test_embeddings_are_shared_and_tied(tiny_config):
     assert model.get_input_embeddings().weight is shared and model.get_output_embeddings() is model.lm_head
 
 
-def pack_attention_weights(weights: dict) -> dict:
-    """The layout of checkpoints saved before q/k/v were separate: self_attn.qkv_proj and cross_attn.kv_proj."""
-    packed = dict(weights)
-    for key in [key for key in weights if ".self_attn.q_proj." in key or ".cross_attn.k_proj." in key]:
-        names = ("q", "k", "v") if ".self_attn." in key else ("k", "v")
-        template = key.replace(f".{names[0]}_proj.", ".{}_proj.")
-        packed[template.format("".join(names))] = torch.cat([packed.pop(template.format(n)) for n in names])
-    return packed
-
-
-def test_a_checkpoint_with_packed_projections_loads_split_and_is_saved_split(tiny_config, tmp_path):
-    model = make_model(tiny_config)
-    model.save_pretrained(tmp_path / "old")
-    weights = load_file(tmp_path / "old" / "model.safetensors")
-    packed = pack_attention_weights(weights)
-    assert "model.encoder.layers.0.self_attn.qkv_proj.weight" in packed
-    assert "model.decoder.layers.0.cross_attn.kv_proj.bias" in packed
-    assert not any(".k_proj." in key or ".v_proj." in key for key in packed)
-    save_file(packed, tmp_path / "old" / "model.safetensors", metadata={"format": "pt"})
-
-    loaded, info = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "old", output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
-    expected = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS).logits
-    torch.testing.assert_close(loaded.eval()(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS).logits,
-                               expected, rtol=0, atol=0)
-    loaded.save_pretrained(tmp_path / "new")
-    assert set(load_file(tmp_path / "new" / "model.safetensors")) == set(weights)
-
-
 def test_a_checkpoint_without_the_shared_embedding_reports_it_missing(tiny_config, tmp_path):
     """Tied as Marian ties (parameter level): a missing `shared.weight` is reported and initialised, not left on
     the meta device."""

@@ -352,12 +352,17 @@ def test_lora_recipe_adapts_every_attention_projection(trained_model):
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
-def test_the_common_q_v_recipe_misses_most_of_the_attention(trained_model):
-    """Why README gives its own target list: `["q_proj", "v_proj"]` matches only the cross-attention queries."""
+def test_the_common_q_v_recipe_adapts_q_and_v_of_every_attention(trained_model):
+    """`["q_proj", "v_proj"]`, the recipe of other models, finds the same names here."""
     import peft
 
     model, _, _ = trained_model
     lora = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
-    adapted = {name.split(".lora_A")[0] for name, _ in lora.named_parameters() if ".lora_A" in name}
-    assert adapted and all(name.endswith("cross_attn.q_proj") for name in adapted)
+    adapted = {name.split(".lora_A")[0].split("model.model.")[-1] for name, _ in lora.named_parameters()
+               if ".lora_A" in name}
+    layers = model.config.encoder_layers
+    expected = {f"encoder.layers.{i}.self_attn.{p}" for i in range(layers) for p in ("q_proj", "v_proj")}
+    expected |= {f"decoder.layers.{i}.{kind}.{p}" for i in range(model.config.decoder_layers)
+                 for kind in ("self_attn", "cross_attn") for p in ("q_proj", "v_proj")}
+    assert adapted == expected
 
