@@ -358,7 +358,7 @@ def test_the_common_q_v_recipe_adapts_q_and_v_of_every_attention(trained_model):
 
     model, _, _ = trained_model
     lora = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
-    adapted = {name.split(".lora_A")[0].split("model.model.")[-1] for name, _ in lora.named_parameters()
+    adapted = {re.search(r"((?:en|de)coder\.layers\..*)\.lora_A", name).group(1) for name, _ in lora.named_parameters()
                if ".lora_A" in name}
     layers = model.config.encoder_layers
     expected = {f"encoder.layers.{i}.self_attn.{p}" for i in range(layers) for p in ("q_proj", "v_proj")}
