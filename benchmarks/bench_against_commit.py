@@ -3,7 +3,8 @@
 The earlier package is read from git (`git show COMMIT:hf_scratch_transformer/...`) into a temporary directory and
 imported under another name, so both run in one process on the same batches, alternated ABAB (ratios hold on a
 busy machine; absolute figures do not). Weights are copied from the old model (its `Projection` layers store
-(in, out) matrices; today's `nn.Linear` stores (out, in)) and the two are checked to give the same logits.
+(in, out) matrices, today's `nn.Linear` stores (out, in); its packed Q/K/V and K/V rows are split into today's
+q/k/v projections) and the two are checked to give the same logits.
 
 Decoding paths timed for this checkout: the dynamic cache (generate's default), the static cache, and the static
 cache compiled by `torch.compile` (inductor), which transformers uses on accelerators by default and on CPU when
@@ -60,6 +61,11 @@ def same_weights(old_model, new_model) -> None:
             state[f"{name}.weight"], state[f"{name}.bias"] = module.weight.T.contiguous(), module.bias
     for name, tensor in old_model.state_dict().items():
         state.setdefault(name, tensor)
+    for name in [name for name in state if ".qkv_proj." in name or ".kv_proj." in name]:
+        letters = "qkv" if ".qkv_proj." in name else "kv"  # packed rows: q, k, v (or k, v)
+        template = name.replace(f".{letters}_proj.", ".{}_proj.")
+        for letter, rows in zip(letters, state.pop(name).chunk(len(letters))):
+            state[template.format(letter)] = rows
     missing, unexpected = new_model.load_state_dict(state, strict=False)
     assert not unexpected and all(key.endswith(".pe") for key in missing), (missing, unexpected)
 
@@ -131,7 +137,7 @@ def train_functions(old_model, new_model, batches):
             position[name] += 1
         return call
 
-    return {"commit": run("commit", old_model), "checkout": run("checkout", new_model, skip_logits=True)}
+    return {"commit": run("commit", old_model), "checkout": run("checkout", new_model)}
 
 
 def parse_arguments():

@@ -149,27 +149,24 @@ def build_pair(preset: str, seed: int = 0, vocab_size: int = VOCAB, marian_init:
 
 @torch.no_grad()
 def copy_weights_to_marian(ours, marian) -> None:
-    """Copy every weight; split packed QKV (q,k,v rows) and cross KV (k,v rows); copy our interleaved sinusoid
-    table into Marian's position embedding so the two compute the same function."""
+    """Copy every weight (same names, (out, in) linear weights in both); copy our interleaved sinusoid table into
+    Marian's position embedding so the two compute the same function."""
     o, m = ours.model, marian.model
     m.shared.weight.copy_(o.shared.weight)
     assert marian.lm_head.weight.data_ptr() == m.shared.weight.data_ptr(), "Marian lm_head is not tied"
     for stack_o, stack_m in ((o.encoder, m.encoder), (o.decoder, m.decoder)):
         stack_m.embed_positions.weight.copy_(stack_o.embed_positions.pe[: stack_m.embed_positions.weight.shape[0]])
 
-    def copy(dst, src):  # linear layers and LayerNorms; both store linear weights as (out, in)
+    def copy(dst, src):  # linear layers and LayerNorms
         dst.weight.copy_(src.weight)
         dst.bias.copy_(src.bias)
 
-    def split(dsts, src):  # packed projections stack the q, k, v (or k, v) rows
-        for dst, weight, bias in zip(dsts, src.weight.chunk(len(dsts), 0), src.bias.chunk(len(dsts), 0)):
-            dst.weight.copy_(weight)
-            dst.bias.copy_(bias)
+    def attention(dst, src):
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            copy(getattr(dst, name), getattr(src, name))
 
     def common_parts(ours_layer, marian_layer):
-        split([marian_layer.self_attn.q_proj, marian_layer.self_attn.k_proj, marian_layer.self_attn.v_proj],
-              ours_layer.self_attn.qkv_proj)
-        copy(marian_layer.self_attn.out_proj, ours_layer.self_attn.out_proj)
+        attention(marian_layer.self_attn, ours_layer.self_attn)
         copy(marian_layer.self_attn_layer_norm, ours_layer.self_attn_layer_norm)
         copy(marian_layer.fc1, ours_layer.feed_forward.fc1)
         copy(marian_layer.fc2, ours_layer.feed_forward.fc2)
@@ -179,9 +176,7 @@ def copy_weights_to_marian(ours, marian) -> None:
         common_parts(ours_layer, marian_layer)
     for ours_layer, marian_layer in zip(o.decoder.layers, m.decoder.layers):
         common_parts(ours_layer, marian_layer)
-        copy(marian_layer.encoder_attn.q_proj, ours_layer.cross_attn.q_proj)
-        split([marian_layer.encoder_attn.k_proj, marian_layer.encoder_attn.v_proj], ours_layer.cross_attn.kv_proj)
-        copy(marian_layer.encoder_attn.out_proj, ours_layer.cross_attn.out_proj)
+        attention(marian_layer.encoder_attn, ours_layer.cross_attn)
         copy(marian_layer.encoder_attn_layer_norm, ours_layer.cross_attn_layer_norm)
     marian.final_logits_bias.zero_()
 

@@ -8,13 +8,10 @@ a ratio of two adjacent runs, and the table reports medians of those ratios, whi
 less than absolute figures.
 
 Tricks measured:
-  * skip_logits: the loss-only training path (`forward(..., skip_logits=True)`, what train.py uses) projects only
-    the scored positions onto the vocabulary, against the standard path that computes the (B, T, V) logits;
-  * packed projections: one (D -> 3D) matmul for Q, K, V of self-attention and one (D -> 2D) for K, V of
-    cross-attention (`PackedProjection`), against separate q/k/v `nn.Linear` layers (built here by splitting the
-    packed weights; same function);
   * attention implementation: "sdpa" (the model's default, PyTorch's fused kernel) against "eager" (the paper's
     formula written out).
+The loss-only `skip_logits` path and the packed Q/K/V projections were measured here too and removed (issue 14):
+their figures, from results/ablation.md of commit 223c90f, are kept in REMOVED.
 Workloads: one training step (forward, backward, Adam) on train.py's token-bucketed batches (the shipped corpus,
 tokenizer trained as train.py does, `make_batch_sampler` with max_tokens 2048) and on random batches of 64
 sentences; greedy `generate()` at batch 1 and 32 with a fixed number of new tokens.
@@ -28,21 +25,24 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from common import (
     RESULTS, batch_tokens, loadavg, machine_info, machine_line, median, our_config, padding_share, paired_ratios,
     random_batch, run_generate, time_alternating, train_py_batches, write_results,
 )
-from hf_scratch_transformer.modeling_scratch_transformer import (
-    MultiHeadAttention,
-    ScratchTransformerForConditionalGeneration,
-    scaled_dot_product_attention,
-)
+from hf_scratch_transformer.modeling_scratch_transformer import ScratchTransformerForConditionalGeneration
 
-# Tricks removed by the conformance work (issue 11), measured by bench_against_commit.py against commit f640c1f.
+# Tricks removed: by the conformance work (issue 11), measured by bench_against_commit.py against commit f640c1f;
+# by issue 14, measured by this script at commit 223c90f (results/ablation.md, 1 thread, load average ~7).
 REMOVED = [
+    {"trick": "skip_logits (loss-only path: project only the scored positions)",
+     "figure": "training step on token-bucketed batches (4.3 % padding) 1.03x (1.02-1.06), random batches (50 % "
+               "padding) 1.18x (0.92-1.20)", "source": "ablation.md at 223c90f",
+     "verdict": "removed (this table's measurement): below 1.05x on train.py's batches"},
+    {"trick": "packed projections (one QKV / KV matmul, PackedProjection) vs separate q/k/v nn.Linear",
+     "figure": "training step, bucketed 0.99x (0.97-1.04); greedy batch 1 1.08x (0.90-1.38), batch 32 0.98x "
+               "(0.95-1.02)", "source": "ablation.md at 223c90f",
+     "verdict": "removed (this table's measurement): within noise on every workload"},
     {"trick": "padding skip (TokenLayout: position-wise work on real tokens only)",
      "figure": "training on random batches (53 % padding): today 0.68x the old step; on token-bucketed batches "
                "(12 % padding) 0.99x", "source": "against_f640c1f_small.md",
@@ -60,58 +60,7 @@ REMOVED = [
 ]
 
 
-# --------------------------------------------------------------------------------------- the unpacked variant
-class SeparateProjectionAttention(MultiHeadAttention):
-    """MultiHeadAttention with separate Q, K, V projections (three D -> D matmuls, or Q plus two for cross-
-    attention) instead of the packed one: the same function, for the ablation only."""
-
-    def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, past_key_values=None,
-                **kwargs):
-        source = encoder_hidden_states if self.is_cross_attention else hidden_states
-        batch_size, length, _ = hidden_states.shape
-        (query,) = self.split_heads(self.q_proj(hidden_states), 1)
-        if self.is_cross_attention:
-            cross_cache = past_key_values.cross_attention_cache if past_key_values is not None else None
-            if past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
-                key, value = cross_cache.layers[self.layer_idx].keys, cross_cache.layers[self.layer_idx].values
-            else:
-                (key,), (value,) = self.split_heads(self.k_proj(source), 1), self.split_heads(self.v_proj(source), 1)
-                if past_key_values is not None:
-                    key, value = cross_cache.update(key, value, self.layer_idx)
-                    past_key_values.is_updated[self.layer_idx] = True
-        else:
-            (key,), (value,) = self.split_heads(self.k_proj(source), 1), self.split_heads(self.v_proj(source), 1)
-            if past_key_values is not None:
-                cache = getattr(past_key_values, "self_attention_cache", past_key_values)
-                key, value = cache.update(key, value, self.layer_idx)
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
-                                                          scaled_dot_product_attention)
-        output, weights = attention(self, query, key, value, attention_mask,
-                                    dropout=self.dropout if self.training else 0.0, scaling=self.scaling, **kwargs)
-        return self.out_proj(output.reshape(batch_size, length, -1)), weights
-
-
-@torch.no_grad()
-def unpacked_copy(model):
-    """A copy of `model` whose attention layers project Q, K, V with separate nn.Linear layers (packed weights split
-    row-wise: q, k, v rows, as copy_weights_to_marian does)."""
-    model = copy.deepcopy(model)
-    for module in model.modules():
-        if not isinstance(module, MultiHeadAttention):
-            continue
-        packed_name = "kv_proj" if module.is_cross_attention else "qkv_proj"
-        packed = getattr(module, packed_name)
-        names = ["k_proj", "v_proj"] if module.is_cross_attention else ["q_proj", "k_proj", "v_proj"]
-        for name, weight, bias in zip(names, packed.weight.chunk(len(names)), packed.bias.chunk(len(names))):
-            linear = nn.Linear(weight.shape[1], weight.shape[0])
-            linear.weight.copy_(weight)
-            linear.bias.copy_(bias)
-            setattr(module, name, linear)
-        delattr(module, packed_name)
-        module.__class__ = SeparateProjectionAttention
-    return model
-
-
+# ------------------------------------------------------------------------------------------------ the variant
 def eager_copy(model):
     model = copy.deepcopy(model)
     model.set_attn_implementation("eager")
@@ -119,14 +68,14 @@ def eager_copy(model):
 
 
 # -------------------------------------------------------------------------------------------------- workloads
-def training_function(model, batches, **forward_options):
+def training_function(model, batches):
     """One call = one training step (label-smoothed loss, backward, Adam step) per batch, as train.py does."""
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)
 
     def call():
         model.train()
         for batch in batches:
-            loss = model(**batch, label_smoothing=0.1, **forward_options).loss
+            loss = model(**batch, label_smoothing=0.1).loss
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -162,16 +111,6 @@ def same_function(model, variant, batch, new_tokens: int) -> dict:
     return {"max_abs_logit_diff": difference, "same_greedy_tokens": same_tokens}
 
 
-@torch.no_grad()
-def skip_logits_check(model, batch) -> float:
-    model.eval()
-    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "labels")}
-    difference = abs(model(**inputs, label_smoothing=0.1).loss.item()
-                     - model(**inputs, label_smoothing=0.1, skip_logits=True).loss.item())
-    assert difference < 1e-4, difference
-    return difference
-
-
 # --------------------------------------------------------------------------------------------------------- run
 def run(args) -> None:
     """Measure, write results/ablation.json and ablation.md (or --output), print the table."""
@@ -186,16 +125,14 @@ def run(args) -> None:
     greedy = {"b1": random_batch(rng, 1), "b32": random_batch(rng, 32)}
     torch.manual_seed(args.seed)
     model = ScratchTransformerForConditionalGeneration(our_config(preset, vocab_size))
-    unpacked, eager = unpacked_copy(model), eager_copy(model)
+    eager = eager_copy(model)
     results = {"machine": machine_info(args.threads),
                "settings": {"preset": preset, "repeats": repeats, "new_tokens": new_tokens, "seed": args.seed,
                             "training_batches_per_call": len(bucketed), "bucketed_batches_per_epoch": epoch_batches,
                             "bucketed_corpus": "shipped corpus, first 6,000 training pairs, train.py's tokenizer "
                                                "recipe, make_batch_sampler(max_tokens=2048)"},
                "padding_share": {"bucketed": padding_share(bucketed), "random": padding_share(random)},
-               "checks": {"skip_logits_loss_diff": skip_logits_check(model, bucketed[0]),
-                          "unpacked": same_function(model, unpacked, random[0], 8),
-                          "eager": same_function(model, eager, random[0], 8)},
+               "checks": {"eager": same_function(model, eager, random[0], 8)},
                "rows": [], "removed": REMOVED}
     rows = results["rows"]
 
@@ -205,17 +142,11 @@ def run(args) -> None:
         print(f"{trick:>20} | {workload:<34} | on {row['on_tokens_per_s']:8.0f} tok/s | off "
               f"{row['off_tokens_per_s']:8.0f} tok/s | {row['speedup']:.3f}x", flush=True)
 
-    train_tokens = {kind: sum(sum(batch_tokens(b)) for b in batches)
-                    for kind, batches in (("bucketed", bucketed), ("random", random))}
-    for kind, batches in (("bucketed", bucketed), ("random", random)):
-        add("skip_logits", f"training step, {kind} batches", training_function(model, batches, skip_logits=True),
-            training_function(model, batches), train_tokens[kind])
-    for trick, variant in (("packed projections", unpacked), ("sdpa attention", eager)):
-        add(trick, "training step, bucketed batches", training_function(model, bucketed, skip_logits=True),
-            training_function(variant, bucketed, skip_logits=True), train_tokens["bucketed"])
-        for size, batch in greedy.items():
-            add(trick, f"greedy generate, batch {size[1:]}", generate_function(model, batch, new_tokens),
-                generate_function(variant, batch, new_tokens), batch["input_ids"].shape[0] * new_tokens)
+    add("sdpa attention", "training step, bucketed batches", training_function(model, bucketed),
+        training_function(eager, bucketed), sum(sum(batch_tokens(b)) for b in bucketed))
+    for size, batch in greedy.items():
+        add("sdpa attention", f"greedy generate, batch {size[1:]}", generate_function(model, batch, new_tokens),
+            generate_function(eager, batch, new_tokens), batch["input_ids"].shape[0] * new_tokens)
     results["machine"]["loadavg_after"] = loadavg()
     results["machine"]["loadavg_before"] = load_before
     results["wall_s"] = round(time.time() - started, 1)
@@ -239,17 +170,15 @@ def render_markdown(results: dict) -> str:
              f"(forward with label smoothing 0.1, backward, Adam) on each of {settings['training_batches_per_call']} "
              f"batches; token-bucketed = {settings['bucketed_corpus']} ({results['padding_share']['bucketed']:.1%} "
              f"padding), random = 64 random-length sentence pairs ({results['padding_share']['random']:.1%} padding). "
-             f"Greedy: {settings['new_tokens']} new tokens per sentence. Same function checked: skip_logits loss "
-             f"diff {checks['skip_logits_loss_diff']:.1e}; separate q/k/v max |logit diff| "
-             f"{checks['unpacked']['max_abs_logit_diff']:.1e}, eager {checks['eager']['max_abs_logit_diff']:.1e}; "
-             "greedy tokens identical.", "",
+             f"Greedy: {settings['new_tokens']} new tokens per sentence. Same function checked: eager max |logit "
+             f"diff| {checks['eager']['max_abs_logit_diff']:.1e}; greedy tokens identical.", "",
              "| trick | workload | on, tokens/s | off, tokens/s | on / off speed |", "|---|---|---:|---:|---:|"]
     for row in results["rows"]:
         lines.append(f"| {row['trick']} | {row['workload']} | {row['on_tokens_per_s']:,.0f} | "
                      f"{row['off_tokens_per_s']:,.0f} | **{row['speedup']:.2f}x** ({row['speedup_min']:.2f}-"
                      f"{row['speedup_max']:.2f}) |")
-    lines += ["", "Tricks already removed by the conformance work (figures from "
-              "[against_f640c1f_small.md](against_f640c1f_small.md): small preset, 2 threads, same weights):", "",
+    lines += ["", "Tricks already removed (figures from [against_f640c1f_small.md](against_f640c1f_small.md): small "
+              "preset, 2 threads, same weights; and from this script's earlier runs, see each row's source):", "",
               "| removed trick | measured | verdict |", "|---|---|---|"]
     lines += [f"| {row['trick']} | {row['figure']} | {row['verdict']} |" for row in results["removed"]]
     return "\n".join(lines) + "\n"

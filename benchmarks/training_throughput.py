@@ -6,9 +6,10 @@ train.py's own batches (the shipped corpus, its joint BPE tokenizer, token-bucke
     python benchmarks/training_throughput.py --quick                        # CPU smoke: tiny, fp32, 1k tokens
 
 Each step is what train.py does: forward with label smoothing 0.1, backward, gradient clipping, a fused Adam
-step; bf16 through torch.autocast (Accelerate's mixed precision). Ours computes the loss with `skip_logits=True`
-as train.py does; MarianMT computes its logits and the same label-smoothed loss. Both models start from the same
-weights (copied). The two are timed in alternation (ABAB) and the median of the repetitions is reported.
+step; bf16 through torch.autocast (Accelerate's mixed precision). Ours computes its logits and the
+label-smoothed loss in forward, as train.py does; MarianMT computes its logits and the same loss here. Both models
+start from the same weights (copied). The two are timed in alternation (ABAB) and the median of the repetitions
+is reported.
 
 MFU = model FLOPs of the step (6 x matmul weights x non-pad tokens + attention, `training_flops`) / step time /
 the peak measured on the same device for the same dtype with torch.mm. Results go to
@@ -67,7 +68,7 @@ def make_step(name: str, model, optimizer, device: torch.device, dtype: torch.dt
     def step(batch: dict) -> None:
         with autocast:
             if name == "scratch":
-                loss = model(**batch, label_smoothing=LABEL_SMOOTHING, skip_logits=True).loss
+                loss = model(**batch, label_smoothing=LABEL_SMOOTHING).loss
             else:
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                labels=batch["labels"]).logits

@@ -4,9 +4,10 @@
     hf-scratch-export-ct2 --model outputs/scratch-small-en-es --output_dir outputs/ct2-int8 --quantization int8
     hf-scratch-translate --backend ct2 --model outputs/ct2-int8 "Jesus wept."
 
-transformers' `ct2-transformers-converter` cannot read this model (packed projections, its own start token and
-vocabulary), so the CTranslate2 `TransformerSpec` is built here from the loaded model: every weight is read from
-the module that uses it (linear layers store (out, in), as CTranslate2 wants them). The output directory holds the CTranslate2 model (`model.bin`, `config.json`,
+transformers' `ct2-transformers-converter` cannot read this model (its own start token and vocabulary), so the
+CTranslate2 `TransformerSpec` is built here from the loaded model: every weight is read from the module that uses it
+(linear layers store (out, in), as CTranslate2 wants them; CTranslate2's fused Q/K/V and K/V matrices are our
+q/k/v rows stacked). The output directory holds the CTranslate2 model (`model.bin`, `config.json`,
 `shared_vocabulary.json` with the tokens in id order), the tokenizer files, the model's `generation_config.json`
 and `hf_scratch_transformer_ct2.json` (what was exported, from where).
 
@@ -165,6 +166,13 @@ class _WeightCopier:
         if getattr(module, "bias", None) is not None:
             target.bias = self.array(module.bias)
 
+    def fused_linear(self, target, modules) -> None:
+        """CTranslate2's attention projects Q, K, V (or K, V) with one matrix: the modules' rows, stacked."""
+        import numpy as np
+
+        target.weight = np.concatenate([self.array(module.weight) for module in modules])
+        target.bias = np.concatenate([self.array(module.bias) for module in modules])
+
     def layer_norm(self, target, module) -> None:
         target.gamma, target.beta = self.array(module.weight), self.array(module.bias)
 
@@ -180,12 +188,13 @@ def _copy_stack(copier: _WeightCopier, stack_spec, stack, config, is_decoder: bo
     elif getattr(stack, "layer_norm", None) is not None:
         raise CT2ExportError("cannot export to CTranslate2: a final stack LayerNorm in a post-norm model")
     for layer_spec, layer in zip(stack_spec.layer, stack.layers):
-        copier.linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv_proj)
+        attention = layer.self_attn
+        copier.fused_linear(layer_spec.self_attention.linear[0], [attention.q_proj, attention.k_proj, attention.v_proj])
         copier.linear(layer_spec.self_attention.linear[1], layer.self_attn.out_proj)
         copier.layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
         if is_decoder:
             copier.linear(layer_spec.attention.linear[0], layer.cross_attn.q_proj)
-            copier.linear(layer_spec.attention.linear[1], layer.cross_attn.kv_proj)
+            copier.fused_linear(layer_spec.attention.linear[1], [layer.cross_attn.k_proj, layer.cross_attn.v_proj])
             copier.linear(layer_spec.attention.linear[2], layer.cross_attn.out_proj)
             copier.layer_norm(layer_spec.attention.layer_norm, layer.cross_attn_layer_norm)
         copier.linear(layer_spec.ffn.linear_0, layer.feed_forward.fc1)

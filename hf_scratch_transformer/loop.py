@@ -338,10 +338,9 @@ class Trainer:
 
     def _loss(self, batch: dict) -> torch.Tensor:
         """Label-smoothed cross-entropy over the non-padding target tokens, teacher-forced."""
-        # With labels the model derives the decoder input; skip_logits projects only the scored positions.
+        # With labels the model derives the decoder input.
         return self.train_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                labels=batch["labels"], label_smoothing=self.args.label_smoothing_factor,
-                                skip_logits=True).loss
+                                labels=batch["labels"], label_smoothing=self.args.label_smoothing_factor).loss
 
     def _record_non_finite(self, loss: torch.Tensor, step: int) -> None:
         """Remember (on the device, without synchronising) the step and value of the first non-finite loss."""

@@ -115,19 +115,12 @@ def scaled_dot_product_attention(
     return output.transpose(1, 2).contiguous(), weights
 
 
-class PackedProjection(nn.Linear):
-    """`count` projections D -> D stacked into one D -> count·D matmul (Q, K, V of self-attention: count = 3)."""
-
-    def __init__(self, d_model: int, count: int):
-        super().__init__(d_model, count * d_model)
-        self.count = count
-
-
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h)·W^O with head_i = Attention(Q·W_i^Q, K·W_i^K, V·W_i^V) (§3.2.2).
 
-    The per-head projections are packed into one matrix: self-attention projects Q, K and V with one (D -> 3D)
-    matmul, cross-attention projects Q from the decoder and K, V with one (D -> 2D) matmul from the encoder output.
+    The h per-head projections of Q, K and V are each one D -> D matrix (`q_proj`, `k_proj`, `v_proj`) whose
+    output is split into heads. Self-attention projects all three from its input; cross-attention projects Q from
+    the decoder and K, V from the encoder output.
     """
 
     def __init__(self, config: ScratchTransformerConfig, num_heads: int, layer_idx: int, *,
@@ -141,18 +134,23 @@ class MultiHeadAttention(nn.Module):
         self.layer_idx = layer_idx
         self.is_cross_attention = is_cross_attention
         self.is_causal = is_causal  # read by the fused kernels of the attention interface
-        if is_cross_attention:
-            self.q_proj = nn.Linear(config.d_model, config.d_model)
-            self.kv_proj = PackedProjection(config.d_model, 2)
-        else:
-            self.qkv_proj = PackedProjection(config.d_model, 3)
+        self.q_proj = nn.Linear(config.d_model, config.d_model)
+        self.k_proj = nn.Linear(config.d_model, config.d_model)
+        self.v_proj = nn.Linear(config.d_model, config.d_model)
         self.out_proj = nn.Linear(config.d_model, config.d_model)
 
-    def split_heads(self, projected: torch.Tensor, count: int) -> tuple[torch.Tensor, ...]:
-        """(B, L, count * D) -> `count` tensors of (B, H, L, Dh)."""
+    def split_heads(self, projected: torch.Tensor) -> torch.Tensor:
+        """(B, L, D) -> (B, H, L, Dh)."""
         batch_size, length, _ = projected.shape
-        projected = projected.view(batch_size, length, count, self.num_heads, self.head_dim)
-        return projected.permute(2, 0, 3, 1, 4).unbind(0)
+        return projected.view(batch_size, length, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def layer_cache(self, past_key_values: Cache | None) -> Cache | None:
+        """This attention's cache: an EncoderDecoderCache holds one for self- and one for cross-attention."""
+        if not isinstance(past_key_values, EncoderDecoderCache):
+            return past_key_values
+        if self.is_cross_attention:
+            return past_key_values.cross_attention_cache
+        return past_key_values.self_attention_cache
 
     def forward(
         self,
@@ -164,26 +162,18 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """hidden_states (B, T, D) [, encoder_hidden_states (B, S, D)] -> (B, T, D), weights (B, H, T, K) or None."""
         batch_size, length, _ = hidden_states.shape
-        if self.is_cross_attention:
-            (query,) = self.split_heads(self.q_proj(hidden_states), 1)
-            cross_cache = past_key_values.cross_attention_cache if past_key_values is not None else None
-            if past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
-                # The encoder output does not change while decoding: its K/V were projected at the first step.
-                key, value = cross_cache.layers[self.layer_idx].keys, cross_cache.layers[self.layer_idx].values
-            else:
-                key, value = self.split_heads(self.kv_proj(encoder_hidden_states), 2)  # 2 x (B, H, S, Dh)
-                if past_key_values is not None:
-                    key, value = cross_cache.update(key, value, self.layer_idx)
-                    past_key_values.is_updated[self.layer_idx] = True
+        query = self.split_heads(self.q_proj(hidden_states))  # (B, H, T, Dh)
+        keys_from = encoder_hidden_states if self.is_cross_attention else hidden_states  # (B, S or T, D)
+        cache = self.layer_cache(past_key_values)
+        if self.is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+            # The encoder output does not change while decoding: its K/V were projected at the first step.
+            key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
         else:
-            query, key, value = self.split_heads(self.qkv_proj(hidden_states), 3)  # 3 x (B, H, T, Dh)
-            if past_key_values is not None:
-                self_cache = (
-                    past_key_values.self_attention_cache
-                    if isinstance(past_key_values, EncoderDecoderCache)
-                    else past_key_values
-                )
-                key, value = self_cache.update(key, value, self.layer_idx)  # 2 x (B, H, K, Dh)
+            key, value = self.split_heads(self.k_proj(keys_from)), self.split_heads(self.v_proj(keys_from))
+            if cache is not None:
+                key, value = cache.update(key, value, self.layer_idx)  # (B, H, K, Dh)
+                if self.is_cross_attention:
+                    past_key_values.is_updated[self.layer_idx] = True
 
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, scaled_dot_product_attention
@@ -308,13 +298,10 @@ class ScratchTransformerPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         """Xavier-uniform weight matrices, zero biases, N(0, D^-1/2) embeddings, and the sinusoid table.
 
-        A packed projection of k matrices (QKV: k = 3) is drawn with the bound each D x D matrix would get alone:
-        Xavier's bound √(6 / (fan_in + fan_out)) for fan_out = k·D, times the gain √((1 + k) / 2).
         The `init.*` functions skip tensors that `from_pretrained` already loaded.
         """
         if isinstance(module, nn.Linear):
-            gain = math.sqrt((1 + module.count) / 2) if isinstance(module, PackedProjection) else 1.0
-            init.xavier_uniform_(module.weight, gain=gain)
+            init.xavier_uniform_(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
@@ -589,7 +576,6 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         label_smoothing: float = 0.0,
-        skip_logits: bool = False,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         """Logits (B, T, V) over the target vocabulary, and the mean cross-entropy of those logits when `labels`
@@ -597,15 +583,12 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
 
         Without `decoder_input_ids` the decoder input is the labels shifted right (teacher forcing).
         `label_smoothing` (paper §5.4: 0.1) spreads that much of each target's probability mass over the
-        vocabulary in the loss. `skip_logits=True` (with labels; what `train.py` uses) returns the same loss
-        without materialising the (B, T, V) logits: only the scored positions are projected, and `logits` is None.
+        vocabulary in the loss.
         """
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
-        elif skip_logits:
-            raise ValueError("`skip_logits=True` returns only the loss: pass `labels` too.")
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -618,7 +601,12 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
             use_cache=use_cache,
             **kwargs,
         )
-        logits, loss = self._logits_and_loss(outputs.last_hidden_state, labels, label_smoothing, skip_logits)
+        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, label_smoothing=label_smoothing
+            )
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -629,21 +617,6 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
-        )
-
-    def _logits_and_loss(self, hidden_states: torch.Tensor, labels: torch.Tensor | None, label_smoothing: float,
-                         skip_logits: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(logits (B, T, V) or None with `skip_logits`, loss or None without labels) from the decoder's output
-        (B, T, D)."""
-        if skip_logits:
-            scored = labels != -100  # (B, T)
-            scored_logits = self.lm_head(hidden_states[scored])  # (N, V)
-            return None, F.cross_entropy(scored_logits.float(), labels[scored], label_smoothing=label_smoothing)
-        logits = self.lm_head(hidden_states)  # (B, T, V)
-        if labels is None:
-            return logits, None
-        return logits, F.cross_entropy(
-            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, label_smoothing=label_smoothing
         )
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:

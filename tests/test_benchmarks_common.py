@@ -1,4 +1,4 @@
-"""The benchmarks' shared pieces: the weight copy into MarianMT and the ablation's unpacked variant compute our
+"""The benchmarks' shared pieces: the weight copy into MarianMT and the ablation's eager variant compute our
 model's function (tiny preset, a few seconds)."""
 
 from pathlib import Path
@@ -43,13 +43,9 @@ def test_native_init_differs(common, batch):
     assert common.equivalence_check(ours, marian, batch)["max_abs_logit_diff"] > 1e-3
 
 
-def test_ablation_variants_compute_the_same_function(common, batch):
+def test_ablation_variant_computes_the_same_function(common, batch):
     import speed_ablation
 
     torch.manual_seed(0)
     model = speed_ablation.ScratchTransformerForConditionalGeneration(common.our_config("tiny", VOCAB))
-    unpacked = speed_ablation.unpacked_copy(model)
-    assert not any(hasattr(m, "qkv_proj") or hasattr(m, "kv_proj") for m in unpacked.modules())
-    assert speed_ablation.same_function(model, unpacked, batch, 2)["same_greedy_tokens"]
     assert speed_ablation.same_function(model, speed_ablation.eager_copy(model), batch, 2)["same_greedy_tokens"]
-    assert speed_ablation.skip_logits_check(model, batch) < 1e-5

@@ -309,7 +309,7 @@ def test_an_owner_slash_name_is_still_tried_on_the_hub(tmp_path, monkeypatch):
     assert asked == ["someone/some-model"]
 
 
-LORA_ATTENTION = ["qkv_proj", "q_proj", "kv_proj", "out_proj"]  # README's recipe: every attention projection
+LORA_ATTENTION = ["q_proj", "k_proj", "v_proj", "out_proj"]  # README's recipe: every attention projection
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # raised inside peft
@@ -320,11 +320,9 @@ def test_lora_recipe_adapts_every_attention_projection(trained_model):
     lora = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=4, lora_alpha=8, target_modules=LORA_ATTENTION))
     adapted = {re.search(r"((?:en|de)coder\.layers\..*)\.lora_A", name).group(1) for name, p in lora.named_parameters()
                if p.requires_grad and ".lora_A" in name}
-    attention = {"encoder": {"self_attn": ("qkv_proj", "out_proj")},
-                 "decoder": {"self_attn": ("qkv_proj", "out_proj"), "cross_attn": ("q_proj", "kv_proj", "out_proj")}}
-    assert adapted == {f"{stack}.layers.{i}.{kind}.{projection}" for stack, kinds in attention.items()
-                       for i in range(model.config.encoder_layers) for kind, projections in kinds.items()
-                       for projection in projections}
+    kinds = {"encoder": ("self_attn",), "decoder": ("self_attn", "cross_attn")}
+    assert adapted == {f"{stack}.layers.{i}.{kind}.{projection}" for stack, names in kinds.items()
+                       for i in range(model.config.encoder_layers) for kind in names for projection in LORA_ATTENTION}
     assert all(".lora_" in name for name, p in lora.named_parameters() if p.requires_grad)
     sources, targets = zip(*PAIRS_EN_ES[:8])
     targets = targets[1:] + targets[:1]  # pairs the model has not learned: its loss starts high
@@ -354,12 +352,17 @@ def test_lora_recipe_adapts_every_attention_projection(trained_model):
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
-def test_the_common_q_v_recipe_misses_most_of_the_attention(trained_model):
-    """Why README gives its own target list: `["q_proj", "v_proj"]` matches only the cross-attention queries."""
+def test_the_common_q_v_recipe_adapts_q_and_v_of_every_attention(trained_model):
+    """`["q_proj", "v_proj"]`, the recipe of other models, finds the same names here."""
     import peft
 
     model, _, _ = trained_model
     lora = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
-    adapted = {name.split(".lora_A")[0] for name, _ in lora.named_parameters() if ".lora_A" in name}
-    assert adapted and all(name.endswith("cross_attn.q_proj") for name in adapted)
+    adapted = {re.search(r"((?:en|de)coder\.layers\..*)\.lora_A", name).group(1) for name, _ in lora.named_parameters()
+               if ".lora_A" in name}
+    layers = model.config.encoder_layers
+    expected = {f"encoder.layers.{i}.self_attn.{p}" for i in range(layers) for p in ("q_proj", "v_proj")}
+    expected |= {f"decoder.layers.{i}.{kind}.{p}" for i in range(model.config.decoder_layers)
+                 for kind in ("self_attn", "cross_attn") for p in ("q_proj", "v_proj")}
+    assert adapted == expected
 
