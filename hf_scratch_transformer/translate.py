@@ -140,6 +140,12 @@ def _check_model_dir(path: Path, name: str) -> None:
 def _check_loaded(model, tokenizer, info: dict, name: str) -> None:
     """Weights that fit the config, and a tokenizer that fits the embeddings (train.py saves them equal)."""
     missing = list(info.get("missing_keys") or [])
+    packed = [key for key in info.get("unexpected_keys") or [] if key.endswith(("qkv_proj.weight", "kv_proj.weight"))]
+    if packed:  # saved by this package before q/k/v were separate projections
+        raise ModelLoadError(
+            f"the weights in {name} hold packed attention projections ({packed[0]}), the layout of "
+            f"hf-scratch-transformer before separate q_proj/k_proj/v_proj: load them with that version, or train again"
+        )
     if missing:  # e.g. config.json naming another seq2seq type: its layers would start from random numbers
         raise ModelLoadError(
             f"the weights in {name} do not fit the {model.config.model_type!r} model its config.json describes "

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from hf_scratch_transformer import cli, translation_pipeline
 from hf_scratch_transformer.translate import ModelLoadError, load_model_and_tokenizer, translate_texts
@@ -46,6 +46,13 @@ def _break(case, model_dir):
         data[8:40] = b"\x00" * 32
         weights.write_bytes(bytes(data))
         return f"model.safetensors is truncated or corrupted ({len(data)} bytes; safetensors: invalid JSON in header"
+    if case == "packed_attention_projections":  # the layout saved before q/k/v were separate
+        tensors = load_file(weights)
+        for key in [k for k in tensors if k.endswith("self_attn.q_proj.weight")]:
+            prefix = key[: -len("q_proj.weight")]
+            tensors[prefix + "qkv_proj.weight"] = torch.cat([tensors.pop(prefix + f"{n}_proj.weight") for n in "qkv"])
+        save_file(tensors, weights, metadata={"format": "pt"})
+        return "hold packed attention projections"
     if case == "other_model_type":
         config = json.loads((model_dir / "config.json").read_text())
         config["model_type"] = "bert"
@@ -62,7 +69,7 @@ def _break(case, model_dir):
 
 
 @pytest.mark.parametrize("case", ["no_weights", "pickle_weights_only", "truncated_safetensors",
-                                  "corrupted_safetensors_header", "other_model_type",
+                                  "corrupted_safetensors_header", "packed_attention_projections", "other_model_type",
                                   "tokenizer_larger_than_embeddings"])
 def test_broken_model_directory_gives_one_line(case, model_copy, capsys):
     expected = _break(case, model_copy)
