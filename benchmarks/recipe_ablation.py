@@ -61,7 +61,7 @@ def command_line(name: str, flags: dict, threads: int) -> list[str]:
     return argv
 
 
-def score_on_validation(model_dir: Path, num_beams: int, threads: int) -> dict:
+def score_on_validation(model_dir: Path, num_beams: int, threads: int, length_penalty: float = 1.0) -> dict:
     """Validation BLEU/chrF of a saved model (or checkpoint), decoded as train.py decodes (bounded lengths)."""
     import torch
 
@@ -76,6 +76,7 @@ def score_on_validation(model_dir: Path, num_beams: int, threads: int) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_dir.parent if model_dir.name.startswith("checkpoint-")
                                               else model_dir)
     model = ScratchTransformerForConditionalGeneration.from_pretrained(model_dir).eval()
+    model.generation_config.length_penalty = length_penalty
     scores, _ = evaluate_translations(model, tokenizer, sources, references, num_beams=num_beams, batch_size=64,
                                       max_new_tokens=256, max_len_a=1.5, max_len_b=10)
     return scores
@@ -114,8 +115,38 @@ def record_run(name: str, flags: dict, threads: int, jobs: int, beam: bool, last
     return record
 
 
+DECODINGS = [(1, 1.0), (4, 0.6), (4, 1.0), (4, 1.4), (6, 1.0)]  # (beams, length penalty)
+
+
+def score_decodings(model_dir: Path, threads: int) -> None:
+    """Validation BLEU of one trained model under each decoding of DECODINGS, one record each."""
+    for beams, penalty in DECODINGS:
+        started = time.time()
+        scores = score_on_validation(model_dir, beams, threads, penalty)
+        record = {"kind": "decoding", "name": f"beam {beams}, length penalty {penalty}", "model": str(model_dir),
+                  "num_beams": beams, "length_penalty": penalty, "eval_bleu": scores["bleu"],
+                  "eval_chrf": scores["chrf"], "eval_gen_len": scores["gen_len"],
+                  "seconds": round(time.time() - started, 1), "threads": threads, "commit": _commit(),
+                  "machine": _machine(), "date": time.strftime("%Y-%m-%d %H:%M")}
+        with open(RESULTS, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        print(json.dumps(record), flush=True)
+
+
+def _decoding_table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    lines = ["", f"## Decoding, on the model in `{rows[0]['model']}`", "",
+             "| decoding | val BLEU | val chrF | mean length | seconds | threads | commit |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    lines += [f"| {r['name']} | {r['eval_bleu']} | {r['eval_chrf']} | {r['eval_gen_len']} | {r['seconds']} | "
+              f"{r['threads']} | {r['commit']} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def write_table() -> None:
-    rows = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
+    every = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
+    rows = [row for row in every if row.get("kind") != "decoding"]
     lines = ["| run | flags (changed from the defaults of e00bf89) | val BLEU greedy | val BLEU beam 4 | last ckpt, greedy | "
              "val loss | steps | epochs | train min | tok/s | threads × jobs | commit |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
@@ -135,7 +166,7 @@ def write_table() -> None:
                      "when averaging), `last ckpt` the last checkpoint alone. `threads × jobs`: torch threads of the "
                      "training run × runs side by side; other jobs shared the machine too, so `train min` and "
                      "`tok/s` compare nothing — use steps and epochs.\n\n"
-                     + "\n".join(lines) + "\n")
+                     + "\n".join(lines) + "\n" + _decoding_table([r for r in every if r.get("kind") == "decoding"]))
     print(TABLE.read_text())
 
 
@@ -159,6 +190,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
     parser.add_argument("--beam", action="store_true", help="also score the final model with beam 4")
     parser.add_argument("--last", action="store_true", help="also score the last checkpoint when averaging")
+    parser.add_argument("--decoding", metavar="MODEL_DIR", help="score a trained model under each of DECODINGS")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--table", action="store_true")
     parser.add_argument("--record", action="store_true",
@@ -169,6 +201,10 @@ def main() -> None:
             print(f"{name:16} {json.dumps(flags)}")
         return
     if args.table:
+        write_table()
+        return
+    if args.decoding:
+        score_decodings(Path(args.decoding), args.threads)
         write_table()
         return
     runs = {name: RUNS[name] for name in args.runs}
