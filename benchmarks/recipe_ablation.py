@@ -27,6 +27,8 @@ TABLE = RESULTS.with_suffix(".md")
 OUTPUTS = REPO / "outputs" / "ablation"
 sys.path.insert(0, str(REPO))  # this checkout's package, installed or not (runs in worktrees stay apart)
 
+from hf_scratch_transformer.arguments import flags_to_argv  # noqa: E402
+
 # train.py's defaults at the start of the ablation (commit 86dc356): small preset, joint BPE 8000, token batches
 # of 2048, Adam 1e-3, 400 warm-up steps then inverse-sqrt, label smoothing 0.1, dropout 0.1, post-norm, 3 epochs.
 # Each run below changes the named flags only; stage 2 runs combine what stage 1 found.
@@ -52,13 +54,7 @@ BASE_FLAGS = {"do_train": True, "do_eval": True, "eval_steps": 0, "report_to": "
 
 def command_line(name: str, flags: dict, threads: int) -> list[str]:
     merged = {**BASE_FLAGS, "output_dir": str(OUTPUTS / name), "cpu_threads": threads, **flags}
-    argv = [sys.executable, str(REPO / "train.py")]
-    for key, value in merged.items():
-        if value is True:
-            argv.append(f"--{key}")
-        elif value is not False and value is not None:
-            argv += [f"--{key}", str(value)]
-    return argv
+    return [sys.executable, str(REPO / "train.py"), *flags_to_argv(merged)]
 
 
 def score_on_validation(model_dir: Path, num_beams: int, threads: int, length_penalty: float = 1.0) -> dict:

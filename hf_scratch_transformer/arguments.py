@@ -171,6 +171,18 @@ class TrainingArguments:
 # ---------------------------------------------------------------------------------------------------- parsing
 
 
+def flags_to_argv(flags: dict) -> list[str]:
+    """train.py's command line for a mapping of flag names to values: True gives a bare `--flag`, False and None
+    leave the flag out, anything else gives `--flag value`."""
+    argv = []
+    for key, value in flags.items():
+        if value is True:
+            argv.append(f"--{key}")
+        elif value is not False and value is not None:
+            argv += [f"--{key}", str(value)]
+    return argv
+
+
 def parse_arguments(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, TrainingArguments]:
     """Command-line flags, optionally after a .json / .yaml file holding flags: `train.py run.yaml --max_steps 5`.
 

@@ -98,16 +98,12 @@ def tiny_flags(output_dir, **overrides) -> list[str]:
              "max_target_length": 64, "max_steps": 4, "logging_steps": 2, "save_steps": 2, "eval_steps": 0,
              "warmup_steps": 2, "eval_max_new_tokens": 8, "num_beams": 1, "report_to": "none",
              "max_position_embeddings": 128}
+    from hf_scratch_transformer.arguments import flags_to_argv
+
     # "{run}" in a value stands for the output directory (resume cases name a checkpoint inside it)
     flags.update({key: value.replace("{run}", str(output_dir)) if isinstance(value, str) else value
                   for key, value in overrides.items()})
-    argv = []
-    for key, value in flags.items():
-        if value is True:
-            argv.append(f"--{key}")
-        elif value is not None and value is not False:
-            argv += [f"--{key}", str(value)]
-    return argv
+    return flags_to_argv(flags)
 
 
 def run_train(argv: list[str], env: dict | None = None) -> tuple[int, str]:

@@ -15,7 +15,7 @@ import torch
 from transformers import GenerationConfig
 
 from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration
-from hf_scratch_transformer.arguments import parse_arguments
+from hf_scratch_transformer.arguments import flags_to_argv, parse_arguments
 from hf_scratch_transformer.tokenization import train_bpe_tokenizer
 from hf_scratch_transformer.training import main, run_training
 
@@ -124,13 +124,7 @@ def tiny_run_flags(output_dir, **overrides) -> list[str]:
         "max_position_embeddings": 128,
     }
     flags.update(overrides)
-    argv = []
-    for key, value in flags.items():
-        if value is True:
-            argv.append(f"--{key}")
-        elif value is not False and value is not None:
-            argv += [f"--{key}", str(value)]
-    return argv
+    return flags_to_argv(flags)
 
 
 # -------------------------------------------------------------------------------------------- train.py runs
