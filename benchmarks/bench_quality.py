@@ -47,7 +47,7 @@ from common import (
     our_config, write_results,
 )
 from hf_scratch_transformer.arguments import parse_arguments
-from hf_scratch_transformer.loop import Trainer
+from hf_scratch_transformer.loop import TrainingLoop
 from hf_scratch_transformer.training import run_training
 from hf_scratch_transformer.data import (
     SHIPPED_CORPUS_FILES,
@@ -229,7 +229,7 @@ def corpus_file_flags() -> list[str]:
 
 
 def run_ours(budget: dict, args, workdir: Path) -> dict:
-    """`run_training` with train.py's defaults; Trainer.train / Trainer.validate are wrapped (in this process only)
+    """`run_training` with train.py's defaults; TrainingLoop.train / TrainingLoop.validate are wrapped (in this process only)
     to timestamp the end of the setup and each evaluation, so the evaluation time can be taken out of the clock."""
     argv = ["--output_dir", str(workdir / "ours"), "--overwrite_output_dir", "--report_to", "none",
             "--preset", budget["preset"], "--seed", str(args.seed), "--num_train_epochs", str(budget["epochs"]),
@@ -242,7 +242,7 @@ def run_ours(budget: dict, args, workdir: Path) -> dict:
     if budget["eval_samples"]:
         argv += ["--max_eval_samples", str(budget["eval_samples"]), "--max_predict_samples", str(budget["eval_samples"])]
     marks: dict = {"evals": []}
-    original_train, original_validate = Trainer.train, Trainer.validate
+    original_train, original_validate = TrainingLoop.train, TrainingLoop.validate
 
     def train(self):
         marks["setup_end"] = time.time()  # setup done: training starts
@@ -257,12 +257,12 @@ def run_ours(budget: dict, args, workdir: Path) -> dict:
         return row
 
     model_args, data_args, train_args = parse_arguments(argv)
-    Trainer.train, Trainer.validate = train, validate
+    TrainingLoop.train, TrainingLoop.validate = train, validate
     t0 = time.time()
     try:
         results = run_training(model_args, data_args, train_args)
     finally:
-        Trainer.train, Trainer.validate = original_train, original_validate
+        TrainingLoop.train, TrainingLoop.validate = original_train, original_validate
     end = time.time()
     return curve_from_marks("train.py (run_training, our defaults)", t0, marks, end, {
         "flags": argv, "train_steps": results["train_steps"], "train_tokens": results["train_tokens"],

@@ -99,8 +99,9 @@ class ModelArguments:
 
 
 @dataclass
-class TrainingArguments:
-    """How to train; names follow transformers' Seq2SeqTrainingArguments where they overlap."""
+class RunArguments:
+    """How to train, evaluate and save; flag names follow transformers' Seq2SeqTrainingArguments where they overlap
+    (the class is named apart from it: it is not a transformers TrainingArguments and behaves differently)."""
 
     output_dir: str = field(default="outputs/scratch-small-en-es", metadata={"help": "Where the model goes."})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "Reuse a non-empty output_dir."})
@@ -183,14 +184,14 @@ def flags_to_argv(flags: dict) -> list[str]:
     return argv
 
 
-def parse_arguments(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, TrainingArguments]:
+def parse_arguments(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, RunArguments]:
     """Command-line flags, optionally after a .json / .yaml file holding flags: `train.py run.yaml --max_steps 5`.
 
     The file's keys become flags placed before the command line's, so flags given on the command line override the
     file, and every value goes through the same conversion as a flag (YAML's `1e-3`, read as a string, is a float;
     the string "no" is a false boolean; a wrong type is named).
     """
-    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
+    parser = HfArgumentParser((ModelArguments, DataArguments, RunArguments))
 
     def one_line_error(message: str):  # argparse would print the (long) usage, then exit
         raise UsageError(f"{message} (see --help)")
@@ -251,13 +252,13 @@ def _config_file_flags(path: Path, known: set[str]) -> list[str]:
 # ------------------------------------------------------------------------------------------------------ checks
 
 
-def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
+def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: RunArguments) -> None:
     """Refuse contradictory or impossible settings, and an output directory holding another run, before any work."""
     check_values(model_args, data_args, args)
     check_output_dir(args)
 
 
-def check_values(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
+def check_values(model_args: ModelArguments, data_args: DataArguments, args: RunArguments) -> None:
     """Refuse contradictory or impossible settings before any work is done (touches no file). With no --do_*
     flag, sets all three."""
     _check_ranges(model_args, data_args, args)
@@ -272,7 +273,7 @@ def check_values(model_args: ModelArguments, data_args: DataArguments, args: Tra
         raise UsageError(f"--output_dir {output_dir} is a file, not a directory")
 
 
-def _check_phases(model_args: ModelArguments, args: TrainingArguments) -> None:
+def _check_phases(model_args: ModelArguments, args: RunArguments) -> None:
     if args.resume_from_checkpoint and not args.do_train:
         raise UsageError("--resume_from_checkpoint continues training: add --do_train (or no --do_* flag)")
     if not args.do_train and not model_args.model_name_or_path:
@@ -280,7 +281,7 @@ def _check_phases(model_args: ModelArguments, args: TrainingArguments) -> None:
                          "--model_name_or_path DIR")
 
 
-def _check_choices(data_args: DataArguments, args: TrainingArguments) -> None:
+def _check_choices(data_args: DataArguments, args: RunArguments) -> None:
     if args.max_len_a < 0 or args.max_len_b < 0:
         raise UsageError(f"--max_len_a and --max_len_b must be >= 0, got {args.max_len_a} and {args.max_len_b}")
     if data_args.source_lang == data_args.target_lang:
@@ -316,7 +317,7 @@ def _check_lengths(model_args: ModelArguments, data_args: DataArguments, config:
         )
 
 
-def check_output_dir(args: TrainingArguments) -> None:
+def check_output_dir(args: RunArguments) -> None:
     """A non-empty output directory is only reused on request."""
     output_dir = Path(args.output_dir)
     # Staging folders left by a run that stopped during setup hold nothing to lose; the lock is this run's.
@@ -343,7 +344,7 @@ def check_model_flags(model_args: ModelArguments, data_args: DataArguments, conf
 
 
 # (flag, value, lowest, highest, lowest allowed?, highest allowed?): each value must be a finite number in range.
-def _numeric_rules(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> list:
+def _numeric_rules(model_args: ModelArguments, data_args: DataArguments, args: RunArguments) -> list:
     inf = math.inf
     rules = [
         ("learning_rate", args.learning_rate, 0, inf, False, True),
@@ -381,7 +382,7 @@ def _numeric_rules(model_args: ModelArguments, data_args: DataArguments, args: T
     return rules
 
 
-def _check_ranges(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> None:
+def _check_ranges(model_args: ModelArguments, data_args: DataArguments, args: RunArguments) -> None:
     for name, value, low, high, low_ok, high_ok in _numeric_rules(model_args, data_args, args):
         if value is None:  # not given: the preset's (or the --model_name_or_path model's) value, checked by its config
             continue

@@ -58,7 +58,7 @@ ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "encoder_layers", "decoder_layer
 
 
 def resume_settings(args, data_args) -> dict:
-    """The values of RESUME_SETTINGS in this run's TrainingArguments and DataArguments."""
+    """The values of RESUME_SETTINGS in this run's RunArguments and DataArguments."""
     sources = {"args": args, "data_args": data_args}
     return {name: getattr(sources[group], name) for group, names in RESUME_SETTINGS.items() for name in names}
 

@@ -184,7 +184,7 @@ class _Window:
     start: float = field(default_factory=time.time)
 
 
-class Trainer:
+class TrainingLoop:
     """Trains one model: optimiser, schedule, batches, the loop, checkpoints (and hub pushes during training),
     periodic validation through `evaluator`. `state` is where the run is (restored by `resume`)."""
 

@@ -90,7 +90,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         return self.pe[positions]
 
 
-def scaled_dot_product_attention(
+def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -176,7 +176,7 @@ class MultiHeadAttention(nn.Module):
                     past_key_values.is_updated[self.layer_idx] = True
 
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, scaled_dot_product_attention
+            self.config._attn_implementation, eager_attention_forward
         )
         output, weights = attention(
             self, query, key, value, attention_mask,

@@ -25,7 +25,7 @@ from transformers import AutoTokenizer, GenerationConfig
 
 from .arguments import (
     ModelArguments,
-    TrainingArguments,
+    RunArguments,
     check_model_flags,
     check_output_dir,
     check_values,
@@ -63,7 +63,7 @@ from .export import (
     save_results,
     tokenizer_staging,
 )
-from .loop import Trainer, start_accelerator, trackers
+from .loop import TrainingLoop, start_accelerator, trackers
 from .modeling_scratch_transformer import ScratchTransformerForConditionalGeneration
 from .tokenization import train_tokenizer_on_corpus
 from .translate import ModelLoadError, load_model_and_tokenizer
@@ -71,7 +71,7 @@ from .translate import ModelLoadError, load_model_and_tokenizer
 logger = logging.getLogger("hf_scratch_transformer")
 
 
-def run_training(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments,
+def run_training(model_args: ModelArguments, data_args: DataArguments, args: RunArguments,
                  model_card_template: str | Path | None = None) -> dict:
     """Train (--do_train), evaluate (--do_eval), predict (--do_predict), save (and push); with no --do_* flag all
     three. Returns the figures written to all_results.json (run_translation.py's key names)."""
@@ -82,7 +82,7 @@ def run_training(model_args: ModelArguments, data_args: DataArguments, args: Tra
         lock.release()
 
 
-def _run_training(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments,
+def _run_training(model_args: ModelArguments, data_args: DataArguments, args: RunArguments,
                   model_card_template, lock: OutputDirLock) -> dict:
     started, output_dir = time.time(), Path(args.output_dir)
     accelerator = _start(model_args, data_args, args, lock)
@@ -98,7 +98,7 @@ def _run_training(model_args: ModelArguments, data_args: DataArguments, args: Tr
     evaluator = Evaluator(accelerator, model, tokenizer, data, collator, data_args, args)
     phases, trainer = {}, None
     if args.do_train:
-        trainer = Trainer(accelerator, model, tokenizer, data.datasets["train"], collator, evaluator, data_args,
+        trainer = TrainingLoop(accelerator, model, tokenizer, data.datasets["train"], collator, evaluator, data_args,
                           args, output_dir)
         if checkpoint is not None:
             trainer.resume(checkpoint)
@@ -126,7 +126,7 @@ def _run_training(model_args: ModelArguments, data_args: DataArguments, args: Tr
 # ------------------------------------------------------------------------------------------------------ the steps
 
 
-def _start(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments, lock: OutputDirLock):
+def _start(model_args: ModelArguments, data_args: DataArguments, args: RunArguments, lock: OutputDirLock):
     """Checks before any work, the lock of the output directory (main process), then Accelerate."""
     check_values(model_args, data_args, args)
     _quiet_libraries(args.verbose)
@@ -136,7 +136,7 @@ def _start(model_args: ModelArguments, data_args: DataArguments, args: TrainingA
     return start_accelerator(args, Path(args.output_dir))
 
 
-def _prepare_output_dir(args: TrainingArguments, output_dir: Path, accelerator) -> Path | None:
+def _prepare_output_dir(args: RunArguments, output_dir: Path, accelerator) -> Path | None:
     """The checkpoint to resume from (newer ones set aside on request), or None; with --overwrite_output_dir the
     earlier run's checkpoints are removed."""
     if args.resume_from_checkpoint:
@@ -166,7 +166,7 @@ def _load_pretrained(model_args: ModelArguments, data_args: DataArguments):
     return model, tokenizer
 
 
-def _load_corpus(data_args: DataArguments, args: TrainingArguments):
+def _load_corpus(data_args: DataArguments, args: RunArguments):
     """The raw splits; without --do_train, no training split."""
     corpus_args = data_args
     if not args.do_train and not data_args.train_file and (data_args.test_file or data_args.validation_file):
@@ -182,7 +182,7 @@ def _load_corpus(data_args: DataArguments, args: TrainingArguments):
     return raw
 
 
-def _tokenizer(raw, data_args: DataArguments, args: TrainingArguments, accelerator, checkpoint, pretrained):
+def _tokenizer(raw, data_args: DataArguments, args: RunArguments, accelerator, checkpoint, pretrained):
     """The tokenizer a resumed checkpoint was trained with, the one of --model_name_or_path, or one trained on the
     training split (main process; staged in output_dir for the other processes)."""
     if checkpoint is not None:
@@ -201,7 +201,7 @@ def _tokenizer(raw, data_args: DataArguments, args: TrainingArguments, accelerat
     return AutoTokenizer.from_pretrained(staging)
 
 
-def _prepare_data(raw, tokenizer, data_args: DataArguments, args: TrainingArguments, accelerator) -> TrainingData:
+def _prepare_data(raw, tokenizer, data_args: DataArguments, args: RunArguments, accelerator) -> TrainingData:
     """Tokenised, filtered splits and the evaluation pairs; refused if nothing is left to train or validate on."""
     started = time.time()
     with accelerator.main_process_first():
@@ -226,7 +226,7 @@ def _prepare_data(raw, tokenizer, data_args: DataArguments, args: TrainingArgume
     return data
 
 
-def _model(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments, tokenizer, pretrained,
+def _model(model_args: ModelArguments, data_args: DataArguments, args: RunArguments, tokenizer, pretrained,
            checkpoint: Path | None):
     """The model of --model_name_or_path, or a new one of the configured size (checked against a checkpoint to
     resume), with the generation settings of evaluation and of the saved model."""
@@ -247,7 +247,7 @@ def _model(model_args: ModelArguments, data_args: DataArguments, args: TrainingA
     return model
 
 
-def _train(trainer: Trainer, model, data: TrainingData, args: TrainingArguments, output_dir: Path) -> dict:
+def _train(trainer: TrainingLoop, model, data: TrainingData, args: RunArguments, output_dir: Path) -> dict:
     """Train (then average the last checkpoints on request): train_results.json's figures."""
     started = time.time()
     trainer.train()
@@ -258,7 +258,7 @@ def _train(trainer: Trainer, model, data: TrainingData, args: TrainingArguments,
     return phase
 
 
-def _evaluate(evaluator: Evaluator, state: RunState, data: TrainingData, args: TrainingArguments,
+def _evaluate(evaluator: Evaluator, state: RunState, data: TrainingData, args: RunArguments,
               phases: dict) -> dict | None:
     """Validation at the end: eval_results.json's figures (None on the processes that do not evaluate)."""
     started = time.time()
@@ -283,7 +283,7 @@ def _results(phases: dict, evaluator: Evaluator, started: float) -> dict:
     return results
 
 
-def _export(results: dict, phases: dict, model, tokenizer, evaluator: Evaluator, trainer: Trainer | None,
+def _export(results: dict, phases: dict, model, tokenizer, evaluator: Evaluator, trainer: TrainingLoop | None,
             model_card_template, accelerator, **run) -> None:
     """The main process writes the output directory: the Hub-format model after training (with a model card when
     a template is given), the result files only otherwise."""
@@ -303,7 +303,7 @@ def _export(results: dict, phases: dict, model, tokenizer, evaluator: Evaluator,
 # ------------------------------------------------------------------------------------------------------ helpers
 
 
-def _hyperparameters(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> dict:
+def _hyperparameters(model_args: ModelArguments, data_args: DataArguments, args: RunArguments) -> dict:
     """Every flag with a simple value, for the trackers."""
     flat = {**asdict(model_args), **asdict(data_args), **asdict(args)}
     return {key: value for key, value in flat.items() if isinstance(value, (int, float, str, bool))}

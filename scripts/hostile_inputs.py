@@ -478,16 +478,16 @@ INFERENCE_CASES = [
 
 
 def _nan_without_checkpoint(ws: Workspace) -> str:
-    from hf_scratch_transformer.loop import Trainer
+    from hf_scratch_transformer.loop import TrainingLoop
 
-    real_loss = Trainer._loss
-    Trainer._loss = lambda self, batch: real_loss(self, batch) * float("nan")
+    real_loss = TrainingLoop._loss
+    TrainingLoop._loss = lambda self, batch: real_loss(self, batch) * float("nan")
     try:
         output_dir = ws.fresh("nan")
         message = one_line(*run_train(tiny_flags(output_dir, save_steps=0)), 1, "loss became nan at step 1",
                            "no checkpoint", "--overwrite_output_dir")
     finally:
-        Trainer._loss = real_loss
+        TrainingLoop._loss = real_loss
     if "--resume_from_checkpoint" in message:
         raise Failure(f"advises resuming with no checkpoint to resume from: {message}")
     return message

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
 from hf_scratch_transformer.checkpointing import CHECKPOINT_COMPLETE, LOCK_FILE
-from hf_scratch_transformer.loop import BATCH_TRACE_VARIABLE, Trainer
+from hf_scratch_transformer.loop import BATCH_TRACE_VARIABLE, TrainingLoop
 from hf_scratch_transformer.training import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
@@ -191,14 +191,14 @@ def test_sigterm_mid_training_saves_a_checkpoint_and_resume_latest_continues(tmp
 
 
 def test_sigint_mid_training_saves_a_checkpoint_with_exit_130(tmp_path, capsys, monkeypatch):
-    real_loss = Trainer._loss
+    real_loss = TrainingLoop._loss
 
     def loss_then_ctrl_c(self, batch):
         if self.state.global_step == 2:  # during step 3
             os.kill(os.getpid(), signal.SIGINT)
         return real_loss(self, batch)
 
-    monkeypatch.setattr(Trainer, "_loss", loss_then_ctrl_c)
+    monkeypatch.setattr(TrainingLoop, "_loss", loss_then_ctrl_c)
     handler_before = signal.getsignal(signal.SIGINT)  # SIG_IGN under nohup or a background job
     message = fails_with(tiny_run_flags(tmp_path, max_steps=50, save_steps=0, eval_steps=0), capsys, code=130)
     assert message == (f"interrupted: SIGINT received: checkpoint saved at step 3 in {tmp_path / 'checkpoint-3'}; "
@@ -208,13 +208,13 @@ def test_sigint_mid_training_saves_a_checkpoint_with_exit_130(tmp_path, capsys, 
 
 
 def test_non_finite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):
-    real_loss = Trainer._loss
+    real_loss = TrainingLoop._loss
 
     def nan_at_step_5(self, batch):
         loss = real_loss(self, batch)
         return loss * float("nan") if self.state.global_step == 4 else loss
 
-    monkeypatch.setattr(Trainer, "_loss", nan_at_step_5)
+    monkeypatch.setattr(TrainingLoop, "_loss", nan_at_step_5)
     message = fails_with(tiny_run_flags(tmp_path, max_steps=8, save_steps=2, eval_steps=0), capsys, code=1)
     assert message.startswith("training stopped: loss became nan at step 5;")
     assert f"the last good checkpoint is {tmp_path / 'checkpoint-4'}" in message
@@ -228,14 +228,14 @@ def test_non_finite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_p
 
 
 def test_nan_advice_names_a_checkpoint_only_when_there_is_one(tmp_path, capsys, monkeypatch):
-    real_loss = Trainer._loss
-    monkeypatch.setattr(Trainer, "_loss", lambda self, batch: real_loss(self, batch) * float("nan"))
+    real_loss = TrainingLoop._loss
+    monkeypatch.setattr(TrainingLoop, "_loss", lambda self, batch: real_loss(self, batch) * float("nan"))
     assert main(quick_flags(tmp_path, max_steps=4, save_steps=0), MODEL_CARD_TEMPLATE) == 1
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert "no checkpoint had been written yet" in message and "--overwrite_output_dir" in message
     assert "--resume_from_checkpoint" not in message
     # the advice works: the same command with --overwrite_output_dir starts again
-    monkeypatch.setattr(Trainer, "_loss", real_loss)
+    monkeypatch.setattr(TrainingLoop, "_loss", real_loss)
     assert main(quick_flags(tmp_path, max_steps=2, save_steps=0, eval_steps=0, overwrite_output_dir=True),
                 MODEL_CARD_TEMPLATE) == 0
 
@@ -256,13 +256,13 @@ def test_a_decaying_schedule_reaches_zero_at_the_last_step(tmp_path, schedule):
 
 def test_the_optimiser_is_fused(tmp_path, monkeypatch):
     seen = {}
-    real_train = Trainer.train
+    real_train = TrainingLoop.train
 
     def record(self):
         seen["fused"] = self.optimizer.optimizer.defaults["fused"]
         return real_train(self)
 
-    monkeypatch.setattr(Trainer, "train", record)
+    monkeypatch.setattr(TrainingLoop, "train", record)
     run_tiny(tmp_path, max_steps=2, save_steps=0, eval_steps=0, do_train=True)
     assert seen["fused"] is True
 
@@ -271,7 +271,7 @@ def test_tokens_per_second_counts_training_time_only(tmp_path, monkeypatch):
     """A step trains at least 0.2 s; saving and validation, which fall between log lines, take 0.5 s more each.
     The rate must count all the training time (at least 6 x 0.2 s: the old clock lost the part of a window before a
     save) and none of the saving and validation time (measured here)."""
-    real_loss, real_save, real_validate, real_train = Trainer._loss, Trainer.save_checkpoint, Trainer.validate, Trainer.train
+    real_loss, real_save, real_validate, real_train = TrainingLoop._loss, TrainingLoop.save_checkpoint, TrainingLoop.validate, TrainingLoop.train
     spent = {"paused": 0.0, "train": 0.0, "inside": False}
 
     def slow_loss(self, batch):
@@ -296,10 +296,10 @@ def test_tokens_per_second_counts_training_time_only(tmp_path, monkeypatch):
         finally:
             spent["train"], spent["inside"] = time.time() - start, False
 
-    monkeypatch.setattr(Trainer, "_loss", slow_loss)
-    monkeypatch.setattr(Trainer, "save_checkpoint", slow(real_save))
-    monkeypatch.setattr(Trainer, "validate", slow(real_validate))
-    monkeypatch.setattr(Trainer, "train", timed_train)
+    monkeypatch.setattr(TrainingLoop, "_loss", slow_loss)
+    monkeypatch.setattr(TrainingLoop, "save_checkpoint", slow(real_save))
+    monkeypatch.setattr(TrainingLoop, "validate", slow(real_validate))
+    monkeypatch.setattr(TrainingLoop, "train", timed_train)
     results = run_quick(tmp_path, max_steps=6, logging_steps=3, save_steps=1, eval_steps=1, max_tokens=256,
                   max_train_samples=60)
     seconds = results["train_tokens"] / results["train_tokens_per_second"]

@@ -104,12 +104,12 @@ def test_attention_implementation_is_chosen_when_loading(tiny_config, tmp_path):
     eager = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, attn_implementation="eager")
     assert eager.model.decoder.config._attn_implementation == "eager"
     calls = []
-    original = modeling.scaled_dot_product_attention
+    original = modeling.eager_attention_forward
     try:  # eager really runs the written-out attention of the model file
-        modeling.scaled_dot_product_attention = lambda *a, **k: calls.append(1) or original(*a, **k)
+        modeling.eager_attention_forward = lambda *a, **k: calls.append(1) or original(*a, **k)
         eager(input_ids=SOURCE, labels=LABELS)
     finally:
-        modeling.scaled_dot_product_attention = original
+        modeling.eager_attention_forward = original
     assert len(calls) == tiny_config.encoder_layers + 2 * tiny_config.decoder_layers
 
 
