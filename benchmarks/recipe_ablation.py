@@ -47,6 +47,22 @@ RUNS: dict[str, dict] = {
     "ls0.2": {"label_smoothing_factor": 0.2, **AVERAGE_LAST_5},
     "dropout0.2": {"dropout": 0.2, **AVERAGE_LAST_5},
 }
+# stage 3: the rest of the levers, each against the defaults of 8debcae (BPE 4,000, batches of 1,024 tokens,
+# 4.5 epochs) at the full default budget, validated only at the end. Levers that change the time per step run
+# for the same time instead of the same steps: their epochs are scaled by the step-time ratio measured on
+# 1,024-token batches, 1 thread (enc5-dec2 0.99x, wide384 2+2 1.26x the small preset's step time).
+RUNS.update({
+    "s3-baseline": {},
+    "s3-lr2e-3": {"learning_rate": 2e-3},
+    "s3-prenorm-lr2e-3": {"normalize_before": True, "learning_rate": 2e-3},
+    "s3-enc5-dec2": {"encoder_layers": 5, "decoder_layers": 2},
+    "s3-vocab2k": {"tokenizer_vocab_size": 2000},
+    "s3-ls0.2": {"label_smoothing_factor": 0.2},
+    "s3-dropout0.2": {"dropout": 0.2},
+    "s3-dropout0.3": {"dropout": 0.3},
+    "s3-wide384-2+2": {"d_model": 384, "encoder_layers": 2, "decoder_layers": 2, "attention_heads": 6,
+                       "ffn_dim": 1536, "num_train_epochs": 3.57},
+})
 
 BASE_FLAGS = {"do_train": True, "do_eval": True, "eval_steps": 0, "report_to": "none", "overwrite_output_dir": True,
               "seed": 42, "save_total_limit": 1, "save_steps": 0}
