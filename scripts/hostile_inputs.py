@@ -526,6 +526,20 @@ FAULT_CASES = [Case("nan_loss_without_checkpoint", "faults", _nan_without_checkp
 
 CASES = (FLAG_CASES + CONFIG_CASES + CORPUS_CASES + OUTPUT_CASES + RESUME_CASES + LAUNCH_CASES + LOADING_CASES
          + INFERENCE_CASES + FAULT_CASES)
+CASE_MODULES = Path(__file__).resolve().parent / "hostile_cases"  # more cases: one module per theme, each a CASES list
+
+
+def all_cases() -> list[Case]:
+    """The cases above, then those of every module in scripts/hostile_cases/ (in file-name order)."""
+    import importlib.util
+
+    cases = list(CASES)
+    for path in sorted(CASE_MODULES.glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"hostile_cases.{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        cases += module.CASES
+    return cases
 
 
 def run_cases(cases: list[Case], root: Path, verbose: bool = True) -> tuple[int, list[tuple[Case, str]]]:
@@ -557,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     threads, offline = torch.get_num_threads(), os.environ.get("HF_HUB_OFFLINE")
     torch.set_num_threads(1)  # tiny models
     os.environ["HF_HUB_OFFLINE"] = "1"
-    cases = [case for case in CASES if args.k in case.category or args.k in case.name]
+    cases = [case for case in all_cases() if args.k in case.category or args.k in case.name]
     logging.disable(logging.WARNING)  # the runs' own progress lines; the verdicts are printed below
     transformers.logging.disable_progress_bar()
     try:

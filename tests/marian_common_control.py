@@ -1,18 +1,15 @@
 """The same common tests, run on transformers' MarianMT with the same tiny sizes: the control group of
 test_transformers_common_parity.py. Not collected by default (the file name does not start with test_)."""
 
-import sys
 import unittest
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_modeling_transformers_common import (  # noqa: E402
+from test_modeling_transformers_common import (
     ConfigTester,
     GenerationTesterMixin,
     ModelTesterMixin,
     ScratchTransformerModelTester,
 )
-from transformers import MarianConfig, MarianModel, MarianMTModel  # noqa: E402
+from transformers import MarianConfig, MarianModel, MarianMTModel
 
 
 class MarianModelTester(ScratchTransformerModelTester):

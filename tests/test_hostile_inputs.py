@@ -1,12 +1,9 @@
 """Every case of scripts/hostile_inputs.py, one test each: exit status, a one-line message naming the value."""
 
-import sys
 
 import pytest
-from helpers import REPO
 
-sys.path.insert(0, str(REPO / "scripts"))
-import hostile_inputs  # noqa: E402
+import hostile_inputs
 
 
 @pytest.fixture(scope="module")
@@ -19,15 +16,16 @@ def workspace(tmp_path_factory):
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("case", hostile_inputs.CASES, ids=lambda case: f"{case.category}-{case.name}")
+@pytest.mark.parametrize("case", hostile_inputs.all_cases(), ids=lambda case: f"{case.category}-{case.name}")
 def test_hostile_case_is_handled_cleanly(case, workspace):
     case.check(workspace)
 
 
 def test_every_issue_category_has_cases():
-    categories = {case.category for case in hostile_inputs.CASES}
-    assert categories == {"flags", "config", "corpus", "output", "resume", "launch", "loading", "inference", "faults"}
-    assert len({case.name for case in hostile_inputs.CASES}) == len(hostile_inputs.CASES)
+    cases = hostile_inputs.all_cases()
+    categories = {case.category for case in cases}
+    assert categories >= {"flags", "config", "corpus", "output", "resume", "launch", "loading", "inference", "faults"}
+    assert len({case.name for case in cases}) == len(cases)
 
 
 def test_the_script_counts_and_a_broken_case_counts_as_not_clean(capsys, tmp_path):

@@ -4,23 +4,19 @@ The tester follows transformers' own tests of Marian (tests/models/marian/test_m
 tiny sizes, same inputs. A test is skipped only for a reason that applies to Marian too (stated beside it).
 """
 
-import sys
 import unittest
-from pathlib import Path
 
-import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from transformers_common import load_common_tests  # noqa: E402
+from transformers_common import load_common_tests
 
-import hf_scratch_transformer  # noqa: E402,F401
-from hf_scratch_transformer import (  # noqa: E402
+import hf_scratch_transformer  # noqa: F401
+from hf_scratch_transformer import (
     ScratchTransformerConfig,
     ScratchTransformerForConditionalGeneration,
     ScratchTransformerModel,
 )
 
-from transformers.models.auto import modeling_auto  # noqa: E402
+from transformers.models.auto import modeling_auto
 
 test_modeling_common, test_configuration_common, generation_test_utils = load_common_tests()
 

@@ -1,12 +1,9 @@
 """The GPU training-throughput benchmark's code path, in its CPU smoke mode (the GPU figures need a GPU)."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
 @pytest.mark.filterwarnings("ignore")
