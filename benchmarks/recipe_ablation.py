@@ -60,6 +60,8 @@ RUNS.update({
     "s3-ls0.2": {"label_smoothing_factor": 0.2},
     "s3-dropout0.2": {"dropout": 0.2},
     "s3-dropout0.3": {"dropout": 0.3},
+    "s3-bpe-dropout0.1": {"bpe_dropout": 0.1},
+    "s3-bpe-dropout0.05": {"bpe_dropout": 0.05},
     "s3-wide384-2+2": {"d_model": 384, "encoder_layers": 2, "decoder_layers": 2, "attention_heads": 6,
                        "ffn_dim": 1536, "num_train_epochs": 3.57},
 })

@@ -118,6 +118,9 @@ class RunArguments:
     adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam ε (paper: 1e-9)."})
     weight_decay: float = field(default=0.0, metadata={"help": "Decoupled weight decay (AdamW) if > 0."})
     label_smoothing_factor: float = field(default=0.1, metadata={"help": "Label smoothing ε_ls (paper: 0.1)."})
+    bpe_dropout: float = field(
+        default=0.0, metadata={"help": "BPE-dropout rate of the training batches (subword regularisation, resampled "
+                                       "every epoch, seeded); evaluation and the saved tokenizer never use it. 0: off."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0: off)."})
     per_device_train_batch_size: int = field(default=64, metadata={"help": "Sentences per batch without --max_tokens."})
     per_device_eval_batch_size: int = field(default=64, metadata={"help": "Sentences per evaluation batch."})
@@ -354,6 +357,7 @@ def _numeric_rules(model_args: ModelArguments, data_args: DataArguments, args: R
         ("adam_epsilon", args.adam_epsilon, 0, inf, False, True),
         ("weight_decay", args.weight_decay, 0, inf, True, True),
         ("label_smoothing_factor", args.label_smoothing_factor, 0, 1, True, False),
+        ("bpe_dropout", args.bpe_dropout, 0, 1, True, False),
         ("max_grad_norm", args.max_grad_norm, 0, inf, True, True),
         ("eval_steps", args.eval_steps, 0, inf, True, True),
         ("save_steps", args.save_steps, 0, inf, True, True),

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import random
 import signal
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from .data import make_batch_sampler, padding_fraction, sequence_lengths
 from .errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import log_row
 from .export import push_during_training
+from .tokenization import BPEDropout
 
 logger = logging.getLogger("hf_scratch_transformer")
 STREAM_SHUFFLE_BUFFER = 10_000  # examples in the shuffle buffer of a --streaming training split
@@ -85,11 +87,38 @@ def start_accelerator(args, output_dir: Path) -> Accelerator:
 # -------------------------------------------------------------------------------------------------------- batches
 
 
+class BPEDropoutCollator:
+    """Collates training pairs re-segmented with BPE-dropout: each side is decoded back to its text and encoded again
+    with dropout (`tokenization.BPEDropout`), seeded by the run's seed, the epoch and the text, so that every epoch
+    sees a new segmentation and a rerun or a resumed run sees the same one. Sequences stay within the maximum
+    lengths (`</s>` kept). Only the training batches use it."""
+
+    def __init__(self, collator, tokenizer, p: float, seed: int, max_source_length: int, max_target_length: int):
+        self.collator, self.tokenizer, self.seed = collator, tokenizer, seed
+        self.dropout = BPEDropout(tokenizer, p)
+        self.max_lengths = {"input_ids": max_source_length, "labels": max_target_length}
+        self.epoch = 0
+
+    def __call__(self, features: list[dict]) -> dict:
+        resegmented = [{} for _ in features]
+        for key, max_length in self.max_lengths.items():
+            texts = self.tokenizer.batch_decode([feature[key] for feature in features], skip_special_tokens=True)
+            for example, text in zip(resegmented, texts):
+                ids = self.dropout.encode(text, random.Random(f"{self.seed}:{self.epoch}:{key}:{text}"))
+                example[key] = ids if len(ids) <= max_length else ids[: max_length - 1] + ids[-1:]
+        for example in resegmented:
+            example["attention_mask"] = [1] * len(example["input_ids"])
+        return self.collator(resegmented)
+
+
 class TrainBatches:
     """The training batches of this process: token-bucketed or sentence batches of the in-memory split (a sampler
     sharded over the processes), or batches formed while reading a streamed split."""
 
-    def __init__(self, dataset, collator, data_args, args, accelerator: Accelerator):
+    def __init__(self, dataset, collator, data_args, args, accelerator: Accelerator, tokenizer=None):
+        if args.bpe_dropout > 0:
+            collator = BPEDropoutCollator(collator, tokenizer, args.bpe_dropout, args.seed,
+                                          data_args.max_source_length, data_args.max_target_length)
         self.dataset, self.collator, self.data_args, self.args = dataset, collator, data_args, args
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
         self.sampler = None if data_args.streaming else make_batch_sampler(
@@ -114,6 +143,8 @@ class TrainBatches:
     def epoch(self, epoch: int, done: int):
         """(example indices, collated batch) of this process for the rest of epoch `epoch`, after the `done`
         batches it already trained on; indices are positions in the (shuffled) stream with --streaming."""
+        if isinstance(self.collator, BPEDropoutCollator):
+            self.collator.epoch = epoch
         if self.sampler is None:
             yield from self._stream(epoch, done)
             return
@@ -201,7 +232,7 @@ class TrainingLoop:
         optimizer = make_optimizer(model, args, accelerator.device)
         self.train_model = torch.compile(model) if args.torch_compile else model
         self.train_model, self.optimizer = accelerator.prepare(self.train_model, optimizer)
-        self.batches = TrainBatches(train_dataset, collator, data_args, args, accelerator)
+        self.batches = TrainBatches(train_dataset, collator, data_args, args, accelerator, tokenizer)
         self.total_steps = self.batches.total_steps()
         # Stepped by hand once per optimiser step: Accelerate's wrapper would step it once per process.
         self.scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,

@@ -7,6 +7,8 @@ Special tokens written literally in the input text (``"<s>"``) are encoded as pl
 so such strings round-trip too.
 """
 
+import heapq
+import json
 import random
 from collections.abc import Iterable, Iterator
 
@@ -97,3 +99,91 @@ def train_tokenizer_on_corpus(
         seed=seed,
         model_max_length=model_max_length,
     )
+
+
+class BPEDropout:
+    """BPE-dropout (Provilkov et al., 2020): segment text with the trained merges, dropping each merge with
+    probability `p`, so that training sees a different segmentation of the same sentence every time.
+
+    The algorithm is that of `tokenizers`' BPE with `dropout` (a merge popped from the priority queue is set aside
+    with probability p and put back after the next merge that is applied; segmentation ends when the queue is
+    empty), with a seeded `random.Random` instead of an unseedable global generator, so that runs and resumptions
+    are exact. With p = 0 the ids equal the tokenizer's own. Used for training batches only: evaluation, inference
+    and the saved tokenizer never see it.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, p: float):
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"BPE-dropout probability must be in [0, 1), got {p}")
+        state = json.loads(tokenizer.backend_tokenizer.to_str())
+        if state["model"]["type"] != "BPE":
+            raise ValueError(f"BPE-dropout needs a BPE tokenizer, got a {state['model']['type']} model")
+        self.p = p
+        self.vocab: dict[str, int] = state["model"]["vocab"]
+        merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in state["model"]["merges"]]
+        self.ranks = {pair: rank for rank, pair in enumerate(merges)}
+        self.backend = tokenizer.backend_tokenizer
+        self.eos_id = tokenizer.eos_token_id
+        self._deterministic: dict[str, tuple[list[str], int]] = {}  # word -> (its BPE pieces, merges applied)
+
+    def encode(self, text: str, rng: random.Random) -> list[int]:
+        """Token ids of `text` with `</s>` appended, as `tokenizer(text)["input_ids"]` but with dropout."""
+        normalized = self.backend.normalizer.normalize_str(text)
+        words = [word for word, _ in self.backend.pre_tokenizer.pre_tokenize_str(normalized)]
+        return [self.vocab[piece] for word in words for piece in self.segment(word, rng)] + [self.eos_id]
+
+    def segment(self, word: str, rng: random.Random) -> list[str]:
+        """The pieces of one pre-tokenized word. Without any drop the result is the deterministic segmentation,
+        which happens with probability (1 - p)^merges: one draw decides that, and otherwise the position of the
+        first drop is drawn and the merging is simulated from there (the same distribution, fewer draws)."""
+        pieces, merges = self._deterministic.get(word) or self._remember(word)
+        if merges == 0 or rng.random() >= 1.0 - (1.0 - self.p) ** merges:
+            return pieces
+        # The first drop happens at merge k (1-based) with probability ∝ (1-p)^(k-1) p, given that one happens.
+        first_drop, survive = merges, 1.0
+        threshold = rng.random() * (1.0 - (1.0 - self.p) ** merges)
+        for k in range(1, merges + 1):
+            if threshold < survive * self.p:
+                first_drop = k
+                break
+            threshold -= survive * self.p
+            survive *= 1.0 - self.p
+        return self._merge(word, rng, forced_merges=first_drop - 1)
+
+    def _remember(self, word: str) -> tuple[list[str], int]:
+        symbols = self._merge(word, None, forced_merges=None)
+        merges = len(word) - len(symbols)  # each merge joins two symbols into one
+        self._deterministic[word] = (symbols, merges)
+        return symbols, merges
+
+    def _merge(self, word: str, rng: random.Random | None, forced_merges: int | None) -> list[str]:
+        """BPE over the characters of `word`. rng None: no dropout. Otherwise the first `forced_merges` merges are
+        applied, the next candidate is dropped, and every later candidate is dropped with probability p."""
+        symbols = list(word)
+        nxt, prv = list(range(1, len(symbols) + 1)), list(range(-1, len(symbols) - 1))
+        nxt[-1] = -1
+        queue = [(rank, i) for i in range(len(symbols) - 1)
+                 if (rank := self.ranks.get((symbols[i], symbols[i + 1]))) is not None]
+        heapq.heapify(queue)
+        skipped, applied = [], 0
+        while queue:
+            rank, i = heapq.heappop(queue)
+            j = nxt[i] if symbols[i] else -1
+            if j < 0 or self.ranks.get((symbols[i], symbols[j])) != rank:
+                continue  # an entry made stale by an earlier merge
+            if rng is not None and (applied == forced_merges or (applied > forced_merges and rng.random() < self.p)):
+                skipped.append((rank, i))
+                forced_merges = -1 if applied == forced_merges else forced_merges
+                continue
+            for entry in skipped:
+                heapq.heappush(queue, entry)
+            skipped.clear()
+            symbols[i], symbols[j] = symbols[i] + symbols[j], ""
+            nxt[i] = nxt[j]
+            if nxt[i] >= 0:
+                prv[nxt[i]] = i
+            applied += 1
+            for left, right in ((prv[i], i), (i, nxt[i])):
+                if left >= 0 and right >= 0 and (r := self.ranks.get((symbols[left], symbols[right]))) is not None:
+                    heapq.heappush(queue, (r, left))
+        return [symbol for symbol in symbols if symbol]
