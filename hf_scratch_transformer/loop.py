@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from .checkpointing import RunState, list_checkpoints, load_checkpoint, resume_settings, save_checkpoint
+from .cpu_threads import ThreadTuner, available_cores
 from .data import make_batch_sampler, padding_fraction, sequence_lengths
 from .errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import log_row
@@ -77,11 +78,17 @@ def start_accelerator(args, output_dir: Path) -> Accelerator:
             f"{world_size} processes were launched but Accelerate joined {accelerator.num_processes} of "
             f"them: they would race in one --output_dir; launch with `accelerate launch --multi_gpu "
             f"--num_processes {world_size} --num_machines 1` (see README, Several processes)")
-    if accelerator.device.type == "cpu":
-        # `accelerate launch` without --cpu sets OMP_NUM_THREADS=1, which would leave all but one core idle.
-        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))
-        torch.set_num_threads(args.cpu_threads or max(1, len(os.sched_getaffinity(0)) // local_processes))
     return accelerator
+
+
+def thread_tuner(args, accelerator: Accelerator, name: str) -> ThreadTuner | None:
+    """The CPU-thread policy of one kind of work on a CPU run (None on a GPU): up to the cores available to this
+    process's share of the machine (`accelerate launch` without --cpu sets OMP_NUM_THREADS=1, which is not taken as
+    a limit), or --cpu_threads N fixed."""
+    if accelerator.device.type != "cpu":
+        return None
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))
+    return ThreadTuner(max(1, available_cores() // local_processes), name, fixed=args.cpu_threads or None)
 
 
 # -------------------------------------------------------------------------------------------------------- batches
@@ -212,6 +219,7 @@ class _Window:
     loss: float | torch.Tensor = 0.0
     batches: int = 0
     tokens: int = 0
+    last_tokens: int = 0  # of the last batch
     start: float = field(default_factory=time.time)
 
 
@@ -233,6 +241,7 @@ class TrainingLoop:
         self.train_model = torch.compile(model) if args.torch_compile else model
         self.train_model, self.optimizer = accelerator.prepare(self.train_model, optimizer)
         self.batches = TrainBatches(train_dataset, collator, data_args, args, accelerator, tokenizer)
+        self.threads = thread_tuner(args, accelerator, "training")
         self.total_steps = self.batches.total_steps()
         # Stepped by hand once per optimiser step: Accelerate's wrapper would step it once per process.
         self.scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,
@@ -270,6 +279,9 @@ class TrainingLoop:
                              disable=not self.is_main, dynamic_ncols=True)
         self._window = _Window()
         self.train_model.train()
+        if self.threads is not None:
+            logger.info(self.threads.describe())
+            self.threads.activate()
         while state.global_step < self.total_steps:
             if self._train_pass():
                 state.epoch += 1
@@ -284,7 +296,11 @@ class TrainingLoop:
         trained = 0
         for indices, batch in self.batches.epoch(self.state.epoch, self.state.batches_done_in_epoch):
             trained += 1
-            if self._train_batch(indices, batch):  # an optimiser step was taken
+            started = time.perf_counter()
+            stepped = self._train_batch(indices, batch)  # True when an optimiser step was taken
+            if self.threads is not None:
+                self.threads.record(self._window.last_tokens, time.perf_counter() - started)
+            if stepped:
                 self._after_step()
                 if self.state.global_step >= self.total_steps:
                     return False
@@ -317,6 +333,7 @@ class TrainingLoop:
         window = self._window
         window.loss, window.batches, window.tokens = window.loss + loss.detach(), window.batches + 1, \
             window.tokens + tokens
+        window.last_tokens = tokens
         return accelerator.sync_gradients
 
     def _after_step(self) -> None:
@@ -345,6 +362,8 @@ class TrainingLoop:
         paused = time.time()
         action()
         self._window.start += time.time() - paused
+        if self.threads is not None:
+            self.threads.activate()  # validation decodes with its own thread count
 
     def _log_window(self) -> None:
         """Loss, learning rate and tokens/s (all processes' tokens) of the steps since the last log line."""
@@ -357,6 +376,8 @@ class TrainingLoop:
                "train_loss": round(float(window.loss) / window.batches, 4),
                "learning_rate": self.scheduler.get_last_lr()[0],
                "tokens_per_second": round(total_tokens / max(seconds, 1e-9), 1)}
+        if self.threads is not None:
+            row["cpu_threads"] = self.threads.current
         log_row(self.accelerator, state, row)
         self.progress.set_postfix(loss=row["train_loss"], tok_s=row["tokens_per_second"])
         self._window = _Window()
@@ -440,4 +461,6 @@ class TrainingLoop:
             "train_tokens": state.train_tokens,
             "train_tokens_per_second": round(state.train_tokens / max(state.train_seconds, 1e-9), 1),
             "train_padding_fraction": self.batches.padding_fraction(),
+            **({"train_cpu_threads": self.threads.current, "train_cpu_thread_changes": self.threads.changes}
+               if self.threads is not None else {}),
         }

@@ -201,6 +201,22 @@ class PositionwiseFeedForward(nn.Module):
         return self.fc2(hidden_states)  # (B, L, D)
 
 
+class ReproducibleLayerNorm(nn.LayerNorm):
+    """LayerNorm(x) = γ · (x - mean) / √(var + ε) + β over the last dimension (Ba et al., 2016), as `nn.LayerNorm`.
+
+    On a CPU the scale γ and shift β are applied outside torch's fused kernel, whose gradient for them is summed in
+    an order that depends on the number of threads; a plain multiply and add leave that sum to autograd, which does
+    not. Training is then bit-identical whatever the thread count, which the CPU-thread policy changes during a run.
+    On other devices the fused kernel is used as is.
+    """
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if not hidden_states.is_cpu:
+            return super().forward(hidden_states)
+        normalized = F.layer_norm(hidden_states, self.normalized_shape, None, None, self.eps)
+        return normalized * self.weight + self.bias
+
+
 class AddAndNorm(GradientCheckpointingLayer):
     """Residual connection and LayerNorm around each sublayer (§3.1): LayerNorm(x + Dropout(Sublayer(x))).
 
@@ -227,9 +243,9 @@ class ScratchEncoderLayer(AddAndNorm):
     def __init__(self, config: ScratchTransformerConfig, layer_idx: int):
         super().__init__(config)
         self.self_attn = MultiHeadAttention(config, config.encoder_attention_heads, layer_idx)
-        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.self_attn_layer_norm = ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.feed_forward = PositionwiseFeedForward(config, config.encoder_ffn_dim)
-        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.final_layer_norm = ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps)  # the FFN's (Marian's name)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs) -> torch.Tensor:
         """hidden_states (B, S, D), attention_mask as built by `create_bidirectional_mask` -> (B, S, D)."""
@@ -248,11 +264,11 @@ class ScratchDecoderLayer(AddAndNorm):
         super().__init__(config)
         heads = config.decoder_attention_heads
         self.self_attn = MultiHeadAttention(config, heads, layer_idx, is_causal=True)
-        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.self_attn_layer_norm = ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.cross_attn = MultiHeadAttention(config, heads, layer_idx, is_cross_attention=True)
-        self.cross_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.cross_attn_layer_norm = ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.feed_forward = PositionwiseFeedForward(config, config.decoder_ffn_dim)
-        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.final_layer_norm = ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps)  # the FFN's (Marian's name)
 
     def forward(
         self,
@@ -341,7 +357,8 @@ class TransformerStack(ScratchTransformerPreTrainedModel):
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.dropout = config.dropout
         self.layers = nn.ModuleList(layer_class(config, i) for i in range(num_layers))
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
+        self.layer_norm = (ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before
+                           else None)  # the stack's last norm, pre-norm only (mBART's name)
 
     def embed(self, inputs_embeds: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
         """Token embeddings (B, L, D) × √D + the encodings of positions offset .. offset + L - 1, dropout."""

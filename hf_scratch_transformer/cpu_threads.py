@@ -1,0 +1,158 @@
+"""How many CPU threads torch uses: measured while the work runs, not assumed from the core count.
+
+On a machine whose cores are also busy with other work (a browser, another job, a CI neighbour), torch's default
+of one thread per core can be many times slower than fewer threads: at every operator's barrier the threads wait for
+one that the operating system has descheduled, and the small operators of a small model hit those barriers
+thousands of times per step. `ThreadTuner` measures throughput (work per second: tokens trained, tokens translated)
+over short windows, tries the neighbouring thread counts now and then, keeps the fastest, and tries again at once
+when throughput falls. A model's training does not depend on the thread count (see `ReproducibleLayerNorm`), so the
+choice changes speed only.
+
+    tuner = ThreadTuner(max_threads=2, name="training")
+    tuner.activate()
+    for batch in batches:
+        started = time.perf_counter(); train_step(batch)
+        tuner.record(work=tokens_in(batch), seconds=time.perf_counter() - started)
+"""
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger("hf_scratch_transformer")
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask: what `taskset` or a container allows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@dataclass
+class _Window:
+    work: float = 0.0
+    seconds: float = 0.0
+    steps: int = 0
+
+    def throughput(self) -> float:
+        return self.work / self.seconds if self.seconds > 0 else 0.0
+
+
+class ThreadTuner:
+    """Chooses torch's intra-op thread count from measured throughput (see the module docstring).
+
+    Args:
+        max_threads: the most threads to use (the cores available to this process).
+        name: what is measured, for the log ("training", "translation").
+        fixed: a thread count to keep (e.g. --cpu_threads N); nothing is measured then.
+        window_seconds / min_window_steps: a measurement window lasts at least this long and this many steps.
+        recheck_seconds / max_recheck_seconds: measured time between two checks of the other thread counts; the
+            interval doubles (up to the maximum) each time a check keeps the current count.
+        drop_ratio: a window slower than this fraction of the usual throughput triggers a check at once.
+        margin: another thread count must be this much faster to be chosen.
+        set_threads: applies a thread count (torch.set_num_threads; tests pass their own).
+    """
+
+    def __init__(self, max_threads: int, name: str, fixed: int | None = None, *, window_seconds: float = 2.0,
+                 min_window_steps: int = 3, recheck_seconds: float = 30.0, max_recheck_seconds: float = 240.0,
+                 drop_ratio: float = 0.6, margin: float = 1.05,
+                 set_threads: Callable[[int], None] = torch.set_num_threads):
+        if max_threads < 1:
+            raise ValueError(f"max_threads must be at least 1, got {max_threads}")
+        self.max_threads, self.name, self.fixed = max_threads, name, fixed
+        self.window_seconds, self.min_window_steps = window_seconds, min_window_steps
+        self.recheck_seconds, self.max_recheck_seconds = recheck_seconds, max_recheck_seconds
+        self.drop_ratio, self.margin, self.set_threads = drop_ratio, margin, set_threads
+        self.current = fixed if fixed else max_threads
+        self.applied: int | None = None  # the count in use now (another one while it is being measured)
+        self.changes: list[dict] = []  # every change: {"from", "to", "throughputs", "reason"}
+        self._window = _Window()
+        self._usual: float | None = None  # throughput of recent windows at the current count (moving average)
+        self._interval = 0.0  # the first check comes after the first window
+        self._since_check = 0.0
+        self._probe: list[int] = []  # thread counts still to measure in the check under way
+        self._measured: dict[int, float] = {}  # throughput per thread count in the check under way
+        self._reason = ""
+
+    @property
+    def adaptive(self) -> bool:
+        return not self.fixed and self.max_threads > 1
+
+    def activate(self) -> None:
+        """Apply the current thread count (call when the work this tuner measures starts or resumes)."""
+        self._apply(self.current)
+
+    def _apply(self, count: int) -> None:
+        self.applied = count
+        self.set_threads(count)
+
+    def describe(self) -> str:
+        if not self.adaptive:
+            why = "fixed by --cpu_threads" if self.fixed else "one core available"
+            return f"{self.current} CPU thread(s) for {self.name} ({why})"
+        return (f"{self.current} CPU thread(s) for {self.name} to start with; measured and adapted to the load "
+                f"(1 to {self.max_threads}; --cpu_threads N keeps N)")
+
+    def record(self, work: float, seconds: float) -> None:
+        """Account one step (`work` units done in `seconds`); may change the thread count."""
+        if not self.adaptive or seconds <= 0:
+            return
+        window = self._window
+        window.work, window.seconds, window.steps = window.work + work, window.seconds + seconds, window.steps + 1
+        if self._probe and self._clearly_slower(window):
+            self._end_window()  # a candidate already much slower than the current count: no need to go on
+        elif window.seconds >= self.window_seconds and window.steps >= self.min_window_steps:
+            self._end_window()
+
+    def _clearly_slower(self, window: _Window) -> bool:
+        current = self._measured.get(self.current)
+        return current is not None and window.throughput() < 0.5 * current
+
+    def _end_window(self) -> None:
+        throughput, seconds = self._window.throughput(), self._window.seconds
+        self._window = _Window()
+        if self._probe:
+            self._measured[self._probe.pop(0)] = throughput
+            if self._probe:
+                self._apply(self._probe[0])
+            else:
+                self._decide()
+            return
+        self._since_check += seconds
+        if self._usual is not None and throughput < self.drop_ratio * self._usual:
+            self._start_check(throughput, f"{self.name} throughput fell from {self._usual:,.0f} to {throughput:,.0f}")
+        elif self._since_check >= self._interval:
+            self._start_check(throughput, "periodic check" if self.changes or self._usual else "first check")
+        else:
+            self._usual = throughput if self._usual is None else 0.8 * self._usual + 0.2 * throughput
+
+    def _candidates(self) -> list[int]:
+        near = {self.current - 1, self.current + 1, self.current // 2}
+        return sorted(count for count in near if 1 <= count <= self.max_threads and count != self.current)
+
+    def _start_check(self, current_throughput: float, reason: str) -> None:
+        self._measured = {self.current: current_throughput}
+        self._probe, self._reason = self._candidates(), reason
+        self._apply(self._probe[0])
+
+    def _decide(self) -> None:
+        """After measuring every candidate: keep the fastest (the current count unless another is clearly faster)."""
+        previous, measured = self.current, self._measured
+        best = max(measured, key=measured.get)
+        if best != previous and measured[best] > self.margin * measured[previous]:
+            self.current = best
+            rates = {str(count): round(value, 1) for count, value in sorted(measured.items())}  # JSON keys
+            self.changes.append({"from": previous, "to": best, "reason": self._reason, "throughputs": rates})
+            logger.info(f"CPU threads for {self.name}: {previous} -> {best} ({self._reason}; measured "
+                        + ", ".join(f"{count}: {value:,.0f}/s" for count, value in sorted(measured.items())) + ")")
+            self._interval = self.recheck_seconds
+        else:
+            self._interval = min(max(2 * self._interval, self.recheck_seconds), self.max_recheck_seconds)
+        self._usual = measured[self.current]
+        self._since_check, self._measured = 0.0, {}
+        self._apply(self.current)

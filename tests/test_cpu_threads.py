@@ -1,0 +1,127 @@
+"""cpu_threads.py: the thread count follows the measured throughput (step times are injected, not real load), and
+a run's weights do not depend on it."""
+
+import json
+import logging
+
+import pytest
+import torch
+from helpers import run_quick
+from safetensors.torch import load_file
+
+from hf_scratch_transformer.cpu_threads import ThreadTuner
+
+IDLE = {1: 1000.0, 2: 1750.0}  # tokens/s of the small preset on 2 quiet cores (1 and 2 threads)
+BUSY = {1: 950.0, 2: 180.0}  # one core taken by another process: 2 threads wait at every barrier
+
+
+class SimulatedMachine:
+    """Drives a tuner with steps of 300 tokens whose duration follows the load of the moment."""
+
+    def __init__(self, max_threads=2, **options):
+        self.applied = []
+        self.tuner = ThreadTuner(max_threads, "training", set_threads=self.applied.append, **options)
+        self.tuner.activate()
+        self.clock = 0.0
+        self.timeline = []  # (time, thread count in use, seconds of the step)
+
+    def run(self, seconds: float, throughput: dict) -> None:
+        end = self.clock + seconds
+        while self.clock < end:
+            threads = self.applied[-1]
+            step = 300 / throughput[threads]
+            self.tuner.record(300, step)
+            self.timeline.append((self.clock, threads, step))
+            self.clock += step
+
+    def efficiency(self, start: float, end: float, throughput: dict) -> float:
+        """Work done between start and end, against the best fixed thread count for that load."""
+        spent = sum(step for time, _, step in self.timeline if start <= time < end)
+        steps = sum(1 for time, _, _ in self.timeline if start <= time < end)
+        return steps * 300 / max(throughput.values()) / spent
+
+
+def test_on_a_quiet_machine_it_keeps_every_core():
+    machine = SimulatedMachine()
+    machine.run(600, IDLE)
+    assert machine.tuner.current == 2 and not machine.tuner.changes
+    assert 1 in machine.applied  # it did measure the alternative
+    assert machine.efficiency(0, 600, IDLE) >= 0.97
+
+
+def test_when_a_core_gets_busy_it_drops_to_one_thread_within_seconds_and_comes_back_when_it_is_free():
+    machine = SimulatedMachine()
+    machine.run(120, IDLE)
+    assert machine.tuner.current == 2
+    machine.run(600, BUSY)
+    switched = next(time for time, threads, _ in machine.timeline if time >= 120 and threads == 1)
+    assert switched - 120 < 10  # a slow window triggers a check at once, not at the next periodic one
+    assert machine.tuner.current == 1
+    assert machine.efficiency(130, 720, BUSY) >= 0.95  # the periodic checks of 2 threads cost little
+    machine.run(600, IDLE)
+    back = next(time for time, threads, _ in machine.timeline if time >= 720 and threads == 2
+                and machine.tuner.current == 2)
+    assert back - 720 <= 240 + 10  # within the longest interval between checks
+    assert machine.tuner.current == 2
+    assert [(change["from"], change["to"]) for change in machine.tuner.changes] == [(2, 1), (1, 2)]
+
+
+def test_more_cores_move_to_the_neighbouring_counts():
+    speeds = {threads: 1000.0 * threads for threads in range(1, 9)}
+    speeds[8] = 300.0  # one of 8 cores busy: 7 threads is best
+    machine = SimulatedMachine(max_threads=8)
+    machine.run(300, speeds)
+    assert machine.tuner.current == 7
+
+
+def test_a_fixed_count_is_kept_and_nothing_is_measured():
+    machine = SimulatedMachine(fixed=1)
+    machine.run(300, BUSY)
+    assert machine.applied == [1] and machine.tuner.current == 1 and not machine.tuner.adaptive
+    assert "fixed by --cpu_threads" in machine.tuner.describe()
+
+
+def test_every_change_is_logged(caplog):
+    machine = SimulatedMachine()
+    with caplog.at_level(logging.INFO, logger="hf_scratch_transformer"):
+        machine.run(60, IDLE)
+        machine.run(60, BUSY)
+    [line] = [record.getMessage() for record in caplog.records if "CPU threads for training" in record.getMessage()]
+    assert "2 -> 1" in line and "fell from" in line
+
+
+# ---------------------------------------------------------------------------------------------- in a training run
+
+
+@pytest.fixture
+def two_threads_look_busy(monkeypatch):
+    """Every step is its own window, and a step run with 2 threads is recorded as 5 times slower than it was (as
+    with a busy core); the real work is unchanged."""
+    real_init, real_record = ThreadTuner.__init__, ThreadTuner.record
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **{**kwargs, "window_seconds": 0.0, "min_window_steps": 1})
+
+    def record(self, work, seconds):
+        real_record(self, work, seconds * (5 if self.applied == 2 else 1))
+
+    monkeypatch.setattr(ThreadTuner, "__init__", init)
+    monkeypatch.setattr(ThreadTuner, "record", record)
+    monkeypatch.setattr("hf_scratch_transformer.loop.available_cores", lambda: 2)  # whatever the machine has
+
+
+def test_a_run_adapts_its_threads_and_trains_the_same_weights_as_with_any_fixed_count(tmp_path, monkeypatch,
+                                                                                       two_threads_look_busy):
+    results = run_quick(tmp_path / "adaptive", max_steps=12, eval_steps=0, save_steps=0, logging_steps=2,
+                        cpu_threads=0)
+    assert results["train_cpu_threads"] == 1
+    assert [(change["from"], change["to"]) for change in results["train_cpu_thread_changes"]] == [(2, 1)]
+    history = json.loads((tmp_path / "adaptive" / "training_history.json").read_text())
+    assert [row["cpu_threads"] for row in history if "cpu_threads" in row][-1] == 1
+    monkeypatch.undo()
+    adaptive = load_file(tmp_path / "adaptive" / "model.safetensors")
+    for fixed in (1, 2):
+        run_quick(tmp_path / f"fixed{fixed}", max_steps=12, eval_steps=0, save_steps=0, cpu_threads=fixed)
+        weights = load_file(tmp_path / f"fixed{fixed}" / "model.safetensors")
+        for name in adaptive:
+            assert torch.equal(adaptive[name], weights[name]), (fixed, name)
