@@ -67,7 +67,7 @@ RUNS.update({
 })
 
 BASE_FLAGS = {"do_train": True, "do_eval": True, "eval_steps": 0, "report_to": "none", "overwrite_output_dir": True,
-              "seed": 42, "save_total_limit": 1, "save_steps": 0}
+              "seed": 42, "save_total_limit": 1, "save_steps": 0, "num_train_epochs": 4.5}
 
 
 def command_line(name: str, flags: dict, threads: int) -> list[str]:
@@ -75,8 +75,10 @@ def command_line(name: str, flags: dict, threads: int) -> list[str]:
     return [sys.executable, str(REPO / "train.py"), *flags_to_argv(merged)]
 
 
-def score_on_validation(model_dir: Path, num_beams: int, threads: int, length_penalty: float = 1.0) -> dict:
-    """Validation BLEU/chrF of a saved model (or checkpoint), decoded as train.py decodes (bounded lengths)."""
+def score_on_validation(model_dir: Path, num_beams: int, threads: int, length_penalty: float = 1.0,
+                        split: str = "validation", shifted: bool = False) -> dict:
+    """Validation (or test) BLEU/chrF of a saved model (or checkpoint), decoded as train.py decodes (bounded
+    lengths); with `shifted`, of the style-shifted sources (benchmarks/style_shift.py) against the same references."""
     import torch
 
     from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
@@ -85,8 +87,11 @@ def score_on_validation(model_dir: Path, num_beams: int, threads: int, length_pe
     from transformers import AutoTokenizer
 
     torch.set_num_threads(threads)
+    from style_shift import style_shifted
+
     data_args = DataArguments()
-    sources, references = evaluation_pairs(load_parallel_corpus(data_args)["validation"], data_args)
+    sources, references = evaluation_pairs(load_parallel_corpus(data_args)[split], data_args)
+    sources = style_shifted(sources) if shifted else sources
     tokenizer = AutoTokenizer.from_pretrained(model_dir.parent if model_dir.name.startswith("checkpoint-")
                                               else model_dir)
     model = ScratchTransformerForConditionalGeneration.from_pretrained(model_dir).eval()
@@ -120,6 +125,7 @@ def record_run(name: str, flags: dict, threads: int, jobs: int, beam: bool, last
             "train_tokens_per_second", "train_loss", "divergence_warning")})
         if beam:
             record["eval_bleu_beam4"] = score_on_validation(OUTPUTS / name, 4, threads)["bleu"]
+        record["eval_bleu_shifted"] = score_on_validation(OUTPUTS / name, 1, threads, shifted=True)["bleu"]
         checkpoints = sorted((OUTPUTS / name).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
         if last and flags.get("average_checkpoints", 1) > 1 and checkpoints:
             record["eval_bleu_last_checkpoint"] = score_on_validation(checkpoints[-1], 1, threads)["bleu"]
@@ -147,6 +153,22 @@ def score_decodings(model_dir: Path, threads: int) -> None:
         print(json.dumps(record), flush=True)
 
 
+def score_robustness(model_dirs: list[Path], split: str, beam: bool, threads: int) -> None:
+    """BLEU of trained models on a split's sources and on their style-shifted copy (greedy; beam 4 with `beam`), one
+    record each: the robustness figure."""
+    for model_dir in model_dirs:
+        record = {"kind": "robustness", "name": model_dir.name, "model": str(model_dir), "split": split}
+        for beams in (1, 4) if beam else (1,):
+            label = "greedy" if beams == 1 else f"beam{beams}"
+            record[label] = score_on_validation(model_dir, beams, threads, split=split)["bleu"]
+            shifted = score_on_validation(model_dir, beams, threads, split=split, shifted=True)
+            record[f"{label}_shifted"] = shifted["bleu"]
+        record.update(threads=threads, commit=_commit(), machine=_machine(), date=time.strftime("%Y-%m-%d %H:%M"))
+        with open(RESULTS, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        print(json.dumps(record), flush=True)
+
+
 def _decoding_table(rows: list[dict]) -> str:
     if not rows:
         return ""
@@ -160,7 +182,7 @@ def _decoding_table(rows: list[dict]) -> str:
 
 def write_table() -> None:
     every = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
-    rows = [row for row in every if row.get("kind") != "decoding"]
+    rows = [row for row in every if row.get("kind") not in ("decoding", "robustness")]
     lines = ["| run | flags (changed from the defaults of e00bf89) | val BLEU greedy | val BLEU beam 4 | last ckpt, greedy | "
              "val loss | steps | epochs | train min | tok/s | threads × jobs | commit |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
@@ -205,6 +227,9 @@ def main() -> None:
     parser.add_argument("--beam", action="store_true", help="also score the final model with beam 4")
     parser.add_argument("--last", action="store_true", help="also score the last checkpoint when averaging")
     parser.add_argument("--decoding", metavar="MODEL_DIR", help="score a trained model under each of DECODINGS")
+    parser.add_argument("--robustness", nargs="+", metavar="MODEL_DIR",
+                        help="score trained models on --split and on its style-shifted sources")
+    parser.add_argument("--split", default="validation", choices=("validation", "test"))
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--table", action="store_true")
     parser.add_argument("--record", action="store_true",
@@ -220,6 +245,9 @@ def main() -> None:
     if args.decoding:
         score_decodings(Path(args.decoding), args.threads)
         write_table()
+        return
+    if args.robustness:
+        score_robustness([Path(path) for path in args.robustness], args.split, args.beam, args.threads)
         return
     runs = {name: RUNS[name] for name in args.runs}
     for extra in args.set:

@@ -28,6 +28,15 @@ LR_SCHEDULERS = ("inverse_sqrt", "linear", "cosine", "constant_with_warmup")  # 
 SIZE_FIELDS = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
                "encoder_ffn_dim", "decoder_ffn_dim", "normalize_before", "max_position_embeddings")
 DROPOUT_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
+# The run-length rule (docs/training.md), when neither --max_steps nor --num_train_epochs is given: at most
+# DEFAULT_STEP_BUDGET optimiser steps (about 23 minutes of training for the small preset on 2 CPU cores at 1,024-token
+# batches) and DEFAULT_MAX_EPOCHS epochs, with early stopping after DEFAULT_PATIENCE validations without a better
+# model; validation twice per epoch, within [MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS] steps.
+DEFAULT_STEP_BUDGET = 5000
+DEFAULT_MAX_EPOCHS = 100
+DEFAULT_PATIENCE = 3
+MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS = 200, 2000
+BEST_MODEL_METRICS = {"bleu": True, "chrf": True, "loss": False}  # metric -> greater is better
 SHORTCUTS = {"attention_heads": ("encoder_attention_heads", "decoder_attention_heads"),
              "ffn_dim": ("encoder_ffn_dim", "decoder_ffn_dim")}
 
@@ -105,8 +114,26 @@ class RunArguments:
 
     output_dir: str = field(default="outputs/scratch-small-en-es", metadata={"help": "Where the model goes."})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "Reuse a non-empty output_dir."})
-    num_train_epochs: float = field(default=4.5, metadata={"help": "Epochs over the training split."})
-    max_steps: int = field(default=-1, metadata={"help": "If > 0: optimiser steps to run (overrides epochs)."})
+    num_train_epochs: float | None = field(
+        default=None, metadata={"help": "Epochs over the training split (default: the run-length rule, see "
+                                        "--max_steps)."})
+    max_steps: int = field(
+        default=-1, metadata={"help": f"If > 0: optimiser steps to run (overrides epochs). With neither: up to "
+                                      f"{DEFAULT_STEP_BUDGET:,} steps and {DEFAULT_MAX_EPOCHS} epochs, with early "
+                                      f"stopping (docs/training.md)."})
+    max_train_minutes: float = field(
+        default=0, metadata={"help": "Training time budget in minutes (summed over resumed runs): at the budget the "
+                                     "run stops as at its last step (checkpoint, evaluation, test, save); 0: none."})
+    early_stopping_patience: int | None = field(
+        default=None, metadata={"help": f"Stop after N validations without a better --metric_for_best_model (0: "
+                                        f"never; default: {DEFAULT_PATIENCE} when the run length comes from the "
+                                        f"rule, else 0)."})
+    metric_for_best_model: str = field(
+        default="bleu", metadata={"help": "Validation metric that decides the best model and early stopping: bleu, "
+                                          "chrf (higher is better) or loss (lower is better)."})
+    load_best_model_at_end: bool | None = field(  # `--load_best_model_at_end` alone means true
+        default=None, metadata={"help": "Save the best validated checkpoint's weights instead of the last step's "
+                                        "(default: yes with early stopping).", "nargs": "?", "const": True})
     learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate, reached after warm-up."})
     warmup_steps: int = field(default=400, metadata={"help": "Linear warm-up steps, then --lr_scheduler_type's decay."})
     lr_scheduler_type: str = field(
@@ -119,15 +146,18 @@ class RunArguments:
     weight_decay: float = field(default=0.0, metadata={"help": "Decoupled weight decay (AdamW) if > 0."})
     label_smoothing_factor: float = field(default=0.1, metadata={"help": "Label smoothing ε_ls (paper: 0.1)."})
     bpe_dropout: float = field(
-        default=0.0, metadata={"help": "BPE-dropout rate of the training batches (subword regularisation, resampled "
-                                       "every epoch, seeded); evaluation and the saved tokenizer never use it. 0: off."})
+        default=0.0, metadata={"help": "BPE-dropout rate of the training batches (subword regularisation, "
+                                       "resampled every epoch, seeded); evaluation and the saved tokenizer never use "
+                                       "it. 0: off."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0: off)."})
     per_device_train_batch_size: int = field(default=64, metadata={"help": "Sentences per batch without --max_tokens."})
     per_device_eval_batch_size: int = field(default=64, metadata={"help": "Sentences per evaluation batch."})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Batches per optimiser step."})
     seed: int = field(default=42, metadata={"help": "Seed of initialisation, dropout and batch order."})
     logging_steps: int = field(default=50, metadata={"help": "Log loss, learning rate and tokens/s every N steps."})
-    eval_steps: int = field(default=2000, metadata={"help": "Validate every N steps (0: only at the end)."})
+    eval_steps: int | None = field(
+        default=None, metadata={"help": "Validate every N steps (0: only at the end; default: twice per epoch, "
+                                        f"between {MIN_AUTO_EVAL_STEPS} and {MAX_AUTO_EVAL_STEPS} steps)."})
     save_steps: int = field(default=500, metadata={"help": "Checkpoint every N steps (0: only at the end)."})
     save_total_limit: int = field(default=2, metadata={"help": "Keep only the last N checkpoints."})
     resume_from_checkpoint: str | None = field(
@@ -170,6 +200,64 @@ class RunArguments:
     verbose: bool = field(
         default=False, metadata={"help": "Show the datasets progress bars and library logs that are hidden by default."})
 
+
+
+# ------------------------------------------------------------------------------------------------ the run length
+
+
+@dataclass
+class RunLength:
+    """How long a run trains, how often it validates and when it stops early, once the epoch's length is known."""
+
+    total_steps: int
+    eval_steps: int
+    patience: int  # validations without a better model before stopping; 0: never
+    load_best: bool
+    steps_per_epoch: int | None  # optimiser steps; None when streamed
+    source: str  # "max_steps", "epochs" or "rule"
+    metric: str
+    greater_is_better: bool
+
+    def describe(self) -> str:
+        """One log line: steps, why that many, validation and stopping."""
+        epochs = f" ({self.total_steps / self.steps_per_epoch:.3g} epochs of {self.steps_per_epoch:,} steps)" \
+            if self.steps_per_epoch else ""
+        why = {"max_steps": "--max_steps", "epochs": "--num_train_epochs",
+               "rule": f"the run-length rule: at most {DEFAULT_STEP_BUDGET:,} steps and {DEFAULT_MAX_EPOCHS} epochs, "
+                       f"since neither --max_steps nor --num_train_epochs was given"}[self.source]
+        validation = f"validation every {self.eval_steps:,} steps" if self.eval_steps else "validation at the end"
+        stopping = (f"early stopping after {self.patience} validations without a better validation {self.metric}"
+                    if self.patience else "no early stopping")
+        kept = "the best validated model is saved" if self.load_best else "the last step's model is saved"
+        return f"training for {self.total_steps:,} steps{epochs} ({why}); {validation}; {stopping}; {kept}"
+
+
+def run_length(args: RunArguments, steps_per_epoch: int | None) -> RunLength:
+    """The run length of `args` for an epoch of `steps_per_epoch` optimiser steps (None: a streamed corpus)."""
+    if args.max_steps > 0:
+        total, source = args.max_steps, "max_steps"
+    elif args.num_train_epochs is not None and steps_per_epoch:
+        total, source = math.ceil(args.num_train_epochs * steps_per_epoch), "epochs"
+    else:
+        total, source = DEFAULT_STEP_BUDGET, "rule"
+        if steps_per_epoch:
+            total = min(total, DEFAULT_MAX_EPOCHS * steps_per_epoch)
+    eval_steps = args.eval_steps
+    if eval_steps is None:
+        eval_steps = (min(MAX_AUTO_EVAL_STEPS, max(MIN_AUTO_EVAL_STEPS, 2 * steps_per_epoch)) if steps_per_epoch
+                      else MAX_AUTO_EVAL_STEPS)
+    patience = args.early_stopping_patience
+    if patience is None:
+        patience = DEFAULT_PATIENCE if source == "rule" and eval_steps else 0
+    load_best = args.load_best_model_at_end if args.load_best_model_at_end is not None else patience > 0
+    metric = best_model_metric(args)
+    return RunLength(total, eval_steps, patience, load_best, steps_per_epoch, source, metric,
+                     BEST_MODEL_METRICS[metric])
+
+
+def best_model_metric(args: RunArguments) -> str:
+    """--metric_for_best_model without transformers' optional `eval_` prefix."""
+    return args.metric_for_best_model.removeprefix("eval_")
 
 
 # ---------------------------------------------------------------------------------------------------- parsing
@@ -299,8 +387,20 @@ def _check_choices(data_args: DataArguments, args: RunArguments) -> None:
                  "num_beams", "logging_steps", "average_checkpoints"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if data_args.streaming and args.max_steps <= 0:
-        raise UsageError("--streaming reads a corpus of unknown length, so epochs cannot be counted: give --max_steps N")
+    if data_args.streaming and args.max_steps <= 0 and args.num_train_epochs is not None:
+        raise UsageError("--streaming reads a corpus of unknown length, so epochs cannot be counted: give --max_steps N "
+                         "instead of --num_train_epochs")
+    _check_stopping(args)
+
+
+def _check_stopping(args: RunArguments) -> None:
+    if best_model_metric(args) not in BEST_MODEL_METRICS:
+        raise UsageError(f"--metric_for_best_model must be one of {', '.join(BEST_MODEL_METRICS)}, not "
+                         f"{args.metric_for_best_model!r}")
+    if args.early_stopping_patience and args.eval_steps == 0:
+        raise UsageError("--early_stopping_patience needs validation during training: give --eval_steps N > 0")
+    if args.load_best_model_at_end and args.average_checkpoints > 1:
+        raise UsageError("--load_best_model_at_end and --average_checkpoints both choose the final weights: pick one")
 
 
 def _check_lengths(model_args: ModelArguments, data_args: DataArguments, config: ScratchTransformerConfig) -> None:
@@ -360,6 +460,8 @@ def _numeric_rules(model_args: ModelArguments, data_args: DataArguments, args: R
         ("bpe_dropout", args.bpe_dropout, 0, 1, True, False),
         ("max_grad_norm", args.max_grad_norm, 0, inf, True, True),
         ("eval_steps", args.eval_steps, 0, inf, True, True),
+        ("early_stopping_patience", args.early_stopping_patience, 0, inf, True, True),
+        ("max_train_minutes", args.max_train_minutes, 0, inf, True, True),
         ("save_steps", args.save_steps, 0, inf, True, True),
         ("save_total_limit", args.save_total_limit, 1, inf, True, True),
         ("cpu_threads", args.cpu_threads, 0, inf, True, True),
@@ -381,7 +483,7 @@ def _numeric_rules(model_args: ModelArguments, data_args: DataArguments, args: R
                 ("tokenizer_max_sentences", data_args.tokenizer_max_sentences, 1),
                 ("max_tokens", data_args.max_tokens, 0)]
     rules += [(name, value, low, inf, True, True) for name, value, low in optional if value is not None]
-    if args.max_steps <= 0:  # the epochs decide the length of the run
+    if args.max_steps <= 0 and args.num_train_epochs is not None:  # the epochs decide the length of the run
         rules.append(("num_train_epochs", args.num_train_epochs, 0, inf, False, True))
     return rules
 

@@ -44,11 +44,18 @@ class RunState:
     scheduler: dict = field(default_factory=dict)
     world_size: int = 1  # processes that trained: batches_done_in_epoch counts the batches of each of them
     settings: dict = field(default_factory=dict)  # RESUME_SETTINGS as the run started: a resume must not change them
+    # the end of the run (stopping.StoppingRules): the best validation so far, the patience counter, the time spent
+    best_metric: float | None = None
+    best_step: int | None = None
+    best_checkpoint: str | None = None  # the checkpoint holding the best validated weights (kept by rotation)
+    validations_without_improvement: int = 0
+    wall_seconds: float = 0.0
+    stop_reason: str | None = None
 
 
 # What a resumed run must keep: the schedule (restored from the checkpoint) and the batch order and position.
 RESUME_SETTINGS = {"args": ("learning_rate", "warmup_steps", "lr_scheduler_type", "seed", "per_device_train_batch_size",
-                            "gradient_accumulation_steps"),
+                            "gradient_accumulation_steps", "bpe_dropout", "metric_for_best_model"),
                    "data_args": ("dataset_name", "dataset_config_name", "train_file", "max_train_samples", "streaming",
                                  "source_lang", "target_lang", "max_source_length", "max_target_length",
                                  "max_length_ratio", "max_tokens")}
@@ -205,7 +212,8 @@ def check_world_size(checkpoint: Path, saved: int, current: int) -> None:
 def save_checkpoint(accelerator, model, tokenizer, state: RunState, scheduler, output_dir: Path,
                     keep: int) -> Path:
     """`accelerator.save_state` into `checkpoint-<step>.tmp`, renamed when complete; all but the last `keep`
-    complete checkpoints removed. A failed write leaves the earlier checkpoints as they were (TrainingFault)."""
+    complete checkpoints removed, except the best one (`state.best_checkpoint`). A failed write leaves the earlier
+    checkpoints as they were (TrainingFault)."""
     step = state.global_step
     final = output_dir / f"checkpoint-{step}"
     staging = output_dir / f"checkpoint-{step}.tmp"
@@ -222,7 +230,8 @@ def save_checkpoint(accelerator, model, tokenizer, state: RunState, scheduler, o
             tokenizer.save_pretrained(staging)
             _complete(staging, final, state)
             for old in list_checkpoints(output_dir)[:-keep]:
-                shutil.rmtree(old)
+                if old.name != state.best_checkpoint:
+                    shutil.rmtree(old)
     except OSError as error:  # disk full, permissions: the staging folder never counts as a checkpoint
         if accelerator.is_main_process:
             shutil.rmtree(staging, ignore_errors=True)

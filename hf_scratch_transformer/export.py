@@ -137,7 +137,7 @@ def model_card(template: str | Path, *, model, model_args, data_args, args, resu
         lr_scheduler=args.lr_scheduler_type, label_smoothing=args.label_smoothing_factor,
         dropout=(f"{config.dropout} (attention {config.attention_dropout}, after the feed-forward activation "
                  f"{config.activation_dropout})"),
-        final_weights=_final_weights(results), decoding=_decoding(args), max_grad_norm=args.max_grad_norm, batching=_batching(data_args, args), steps=state.global_step,
+        final_weights=_final_weights(results), training_end=results.get("stop_detail") or "not recorded", decoding=_decoding(args), max_grad_norm=args.max_grad_norm, batching=_batching(data_args, args), steps=state.global_step,
         epochs=round(results.get("epoch", state.epoch), 2), train_tokens=f"{state.train_tokens:,}",
         hardware=hardware, train_time=f"{results['train_runtime'] / 60:.1f} minutes",
         software=(f"hf-scratch-transformer, PyTorch {torch.__version__}, transformers {transformers.__version__}, "
@@ -152,6 +152,10 @@ def model_card(template: str | Path, *, model, model_args, data_args, args, resu
 
 def _final_weights(results: dict) -> str:
     averaged = results.get("averaged_checkpoints") or []
+    if results.get("best_model_checkpoint"):
+        metric = results["metric_for_best_model"].removeprefix("eval_")
+        return (f"the best validated checkpoint, {results['best_model_checkpoint']} (validation {metric} "
+                f"{results['best_metric']})")
     if not averaged:
         return "the weights after the last step"
     return f"the average of the last {len(averaged)} checkpoints ({', '.join(map(str, averaged))})"

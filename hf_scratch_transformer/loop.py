@@ -14,16 +14,19 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
+from .arguments import run_length
 from .checkpointing import RunState, list_checkpoints, load_checkpoint, resume_settings, save_checkpoint
 from .cpu_threads import ThreadTuner, available_cores
 from .data import make_batch_sampler, padding_fraction, sequence_lengths
 from .errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import log_row
 from .export import push_during_training
+from .stopping import METRIC_NAMES, StoppingRules
 from .tokenization import BPEDropout
 
 logger = logging.getLogger("hf_scratch_transformer")
@@ -134,12 +137,11 @@ class TrainBatches:
         )
         self.per_epoch = 0 if self.sampler is None else len(self.sampler)  # unknown when streamed
 
-    def total_steps(self) -> int:
-        """Optimiser steps of the run: --max_steps, or --num_train_epochs of batches (not when streamed)."""
-        if self.sampler is None or self.args.max_steps > 0:
-            return self.args.max_steps
-        steps_per_epoch = math.ceil(self.per_epoch / self.args.gradient_accumulation_steps)
-        return math.ceil(self.args.num_train_epochs * steps_per_epoch)
+    def steps_per_epoch(self) -> int | None:
+        """Optimiser steps in an epoch (None when streamed: unknown)."""
+        if self.sampler is None:
+            return None
+        return math.ceil(self.per_epoch / self.args.gradient_accumulation_steps)
 
     def padding_fraction(self) -> float | None:
         """Padding in the batches of one epoch (None when streamed)."""
@@ -242,7 +244,11 @@ class TrainingLoop:
         self.train_model, self.optimizer = accelerator.prepare(self.train_model, optimizer)
         self.batches = TrainBatches(train_dataset, collator, data_args, args, accelerator, tokenizer)
         self.threads = thread_tuner(args, accelerator, "training")
-        self.total_steps = self.batches.total_steps()
+        self.length = run_length(args, self.batches.steps_per_epoch())
+        self.total_steps = self.length.total_steps
+        self.stopping = StoppingRules(self.length, args.max_train_minutes, self.state)
+        self.final_validation: dict | None = None  # the validation of the weights the run ends with, if made
+        self._expected_time_logged = False
         # Stepped by hand once per optimiser step: Accelerate's wrapper would step it once per process.
         self.scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,
                                        num_training_steps=self.total_steps)
@@ -257,6 +263,8 @@ class TrainingLoop:
     def resume(self, checkpoint: Path) -> None:
         """Model, optimiser, schedule, RNG states and position in the data from `checkpoint`."""
         self.state = load_checkpoint(self.accelerator, self.scheduler, checkpoint, self.settings)
+        self.state.stop_reason = None
+        self.stopping = StoppingRules(self.length, self.args.max_train_minutes, self.state)
         self.last_checkpoint = checkpoint
 
     def train(self) -> None:
@@ -282,14 +290,37 @@ class TrainingLoop:
         if self.threads is not None:
             logger.info(self.threads.describe())
             self.threads.activate()
-        while state.global_step < self.total_steps:
+        if self.is_main:
+            logger.info(self.length.describe())
+        self._check_stop(patience=True, budget=True)  # a resumed run may have nothing left to do
+        while state.global_step < self.total_steps and state.stop_reason is None:
             if self._train_pass():
                 state.epoch += 1
                 state.batches_done_in_epoch = 0
         self.progress.close()
         self._raise_if_non_finite()
+        state.stop_reason = state.stop_reason or self.stopping.reason_at_the_last_step()
+        self._finish()
+
+    def _finish(self) -> None:
+        """The end of training: the last weights validated when the best model is kept (they are a candidate),
+        a checkpoint of them, then the best checkpoint's weights loaded if they are not the last ones."""
+        state = self.state
+        validated = [row for row in state.history if "eval_loss" in row and row["step"] == state.global_step]
+        if self.length.load_best and not validated:
+            self._validate_and_track()
         if self.last_checkpoint is None or self.last_checkpoint.name != f"checkpoint-{state.global_step}":
             self.save_checkpoint()
+        logger.info(f"training ended: {self.stopping.detail()}")
+        best = state.best_checkpoint
+        if self.length.load_best and best and state.best_step != state.global_step:
+            weights = load_file(self.output_dir / best / "model.safetensors")
+            self.accelerator.unwrap_model(self.model).load_state_dict(weights, strict=False)
+            logger.info(f"the saved model is the best validated one: {best} (validation "
+                        f"{METRIC_NAMES[self.length.metric]} {state.best_metric})")
+        step = state.best_step if self.length.load_best and best else state.global_step
+        self.final_validation = next((row for row in state.history if "eval_loss" in row and row["step"] == step),
+                                     None)
 
     def _train_pass(self) -> bool:
         """Train on the rest of the current epoch: True when it is done, False when the last step came first."""
@@ -302,7 +333,7 @@ class TrainingLoop:
                 self.threads.record(self._window.last_tokens, time.perf_counter() - started)
             if stepped:
                 self._after_step()
-                if self.state.global_step >= self.total_steps:
+                if self.state.global_step >= self.total_steps or self.state.stop_reason is not None:
                     return False
         if trained == 0 and self.state.batches_done_in_epoch == 0:
             raise UsageError(f"the training split gives no batch for each of the {self.accelerator.num_processes} "
@@ -342,28 +373,58 @@ class TrainingLoop:
         self.scheduler.step()
         state.global_step += 1
         self.progress.update(1)
+        eval_steps = self.length.eval_steps
         checkpoint_due = args.save_steps and state.global_step % args.save_steps == 0
-        validation_due = (args.eval_steps and state.global_step % args.eval_steps == 0
-                          and state.global_step < self.total_steps)
+        last = state.global_step == self.total_steps
+        # The last step's weights are validated here only when they compete for the best model (the final
+        # validation of --do_eval is made after training otherwise), before its checkpoint records the result.
+        validation_due = bool(eval_steps) and (last and self.length.load_best
+                                               or not last and state.global_step % eval_steps == 0)
         log_due = state.global_step % args.logging_steps == 0 or state.global_step == self.total_steps
         if log_due or checkpoint_due or validation_due or self.stop_signal is not None:
             self._raise_if_non_finite()
         if log_due:
             self._log_window()
+            self._check_stop(budget=True)
         # The window's clock stops while validating or saving: tokens/s counts training time only.
         if validation_due:
-            self._paused(self.validate)
+            best = self._paused(self._validate_and_track)
+            checkpoint_due = checkpoint_due or (best and self.length.load_best)
+            self._check_stop(patience=True)
         if checkpoint_due:
             self._paused(self.save_checkpoint)
         if self.stop_signal is not None:
             self._stop_on_signal()
 
-    def _paused(self, action) -> None:
+    def _paused(self, action):
         paused = time.time()
-        action()
+        result = action()
         self._window.start += time.time() - paused
         if self.threads is not None:
             self.threads.activate()  # validation decodes with its own thread count
+        return result
+
+    def _validate_and_track(self) -> bool:
+        """Validate; True on every process when it is the best model so far (the main process decides)."""
+        row = self.validate()
+        best = bool(row) and self.stopping.record_validation(row)
+        if best and self.length.load_best:
+            self.state.best_checkpoint = f"checkpoint-{self.state.global_step}"  # saved next, kept by rotation
+        return self._agree(best)
+
+    def _check_stop(self, patience: bool = False, budget: bool = False) -> None:
+        """Early stopping and the time budget, decided by the main process for all of them."""
+        if self._agree(patience and self.stopping.patience_spent()):
+            self.state.stop_reason = "early_stopping"
+        elif self._agree(budget and self.stopping.budget_spent()):
+            self.state.stop_reason = "time_budget"
+
+    def _agree(self, flag: bool) -> bool:
+        """The main process's `flag`, on every process (the others' flags are ignored)."""
+        if self.accelerator.num_processes == 1:
+            return flag
+        value = torch.tensor(float(flag and self.is_main), device=self.accelerator.device)
+        return bool(self.accelerator.reduce(value, "sum").item() > 0)
 
     def _log_window(self) -> None:
         """Loss, learning rate and tokens/s (all processes' tokens) of the steps since the last log line."""
@@ -380,6 +441,13 @@ class TrainingLoop:
             row["cpu_threads"] = self.threads.current
         log_row(self.accelerator, state, row)
         self.progress.set_postfix(loss=row["train_loss"], tok_s=row["tokens_per_second"])
+        if not self._expected_time_logged and self.is_main:
+            self._expected_time_logged = True
+            rate = window.batches / max(seconds, 1e-9) / self.args.gradient_accumulation_steps
+            left = (self.total_steps - state.global_step) / max(rate, 1e-9) / 60
+            logger.info(f"expected training time: about {left:.0f} more minutes for the "
+                        f"{self.total_steps - state.global_step:,} steps left at {rate:.2f} steps/s so far "
+                        f"(validation and early stopping not counted)")
         self._window = _Window()
 
     def epoch_fraction(self) -> float:
@@ -438,6 +506,7 @@ class TrainingLoop:
         """A checkpoint of the current step (see checkpointing.save_checkpoint); pushed with --hub_strategy
         every_save / checkpoint."""
         self.state.settings = self.state.settings or self.settings
+        self.state.wall_seconds = round(self.stopping.wall_seconds(), 1)
         final = save_checkpoint(self.accelerator, self.model, self.tokenizer, self.state, self.scheduler,
                                 self.output_dir, self.args.save_total_limit)
         self.last_checkpoint = final
@@ -463,4 +532,9 @@ class TrainingLoop:
             "train_padding_fraction": self.batches.padding_fraction(),
             **({"train_cpu_threads": self.threads.current, "train_cpu_thread_changes": self.threads.changes}
                if self.threads is not None else {}),
+            "stop_reason": state.stop_reason,
+            "stop_detail": self.stopping.detail() if state.stop_reason else None,
+            **({"best_step": state.best_step, "best_metric": state.best_metric,
+                "metric_for_best_model": f"eval_{self.length.metric}", "best_model_checkpoint": state.best_checkpoint}
+               if self.length.load_best else {}),
         }

@@ -108,7 +108,7 @@ def _run_training(model_args: ModelArguments, data_args: DataArguments, args: Ru
     else:
         model.to(accelerator.device).eval()
     state = trainer.state if trainer is not None else RunState()
-    if args.do_eval and (validation := _evaluate(evaluator, state, data, args, phases)):
+    if args.do_eval and (validation := _evaluate(evaluator, trainer, state, data, args, phases)):
         phases["eval"] = validation
     if args.do_predict:
         phases["predict"] = evaluator.test()
@@ -258,11 +258,13 @@ def _train(trainer: TrainingLoop, model, data: TrainingData, args: RunArguments,
     return phase
 
 
-def _evaluate(evaluator: Evaluator, state: RunState, data: TrainingData, args: RunArguments,
-              phases: dict) -> dict | None:
-    """Validation at the end: eval_results.json's figures (None on the processes that do not evaluate)."""
+def _evaluate(evaluator: Evaluator, trainer: TrainingLoop | None, state: RunState, data: TrainingData,
+              args: RunArguments, phases: dict) -> dict | None:
+    """Validation at the end: eval_results.json's figures (None on the processes that do not evaluate). The
+    validation of the final weights made during training, if any, is not made again."""
     started = time.time()
-    validation = evaluator.validate(state)
+    made = trainer.final_validation if trainer is not None else None
+    validation = dict(made) if made and trainer.is_main else evaluator.validate(state)
     if not validation:
         return None
     runtime = time.time() - started

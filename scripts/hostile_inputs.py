@@ -199,7 +199,8 @@ FLAG_CASES = [
     flag_case("zero_save_total_limit", {"save_total_limit": 0}, "--save_total_limit", "0"),
     flag_case("negative_workers", {"dataloader_num_workers": -1}, "--dataloader_num_workers", "-1"),
     flag_case("not_a_number", {"max_steps": "many"}, "--max_steps", "many"),
-    flag_case("streaming_without_max_steps", {"streaming": True, "max_steps": -1}, "--streaming", "--max_steps"),
+    flag_case("streaming_with_epochs", {"streaming": True, "max_steps": -1, "num_train_epochs": 2}, "--streaming",
+              "--max_steps", "--num_train_epochs"),
 ]
 
 
