@@ -47,8 +47,8 @@ SYSTEM_MONO_FONTS = ("ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "Lib
 
 # Used when the run saved no test sources and its corpus is not the shipped one; keyed by source language.
 BUILTIN_EXAMPLES = {
-    "en": ["In the beginning God created the heavens and the earth.", "God said, “Let there be light,” and there "
-           "was light.", "Jesus wept.", "The light shines in the darkness.", "Love your neighbor as yourself."],
+    "en": ["In the beginning God created the heavens and the earth.", "God said, “Let there be light.”",
+           "Jesus wept.", "The light shines in the darkness.", "Love your neighbor as yourself."],
     "es": ["En el principio creó Dios los cielos y la tierra.", "Y dijo Dios: Sea la luz: y fué la luz.",
            "Y lloró Jesús.", "La luz en las tinieblas resplandece.", "Amarás a tu prójimo como a ti mismo."],
     "fr": ["Au commencement, Dieu créa les cieux et la terre.", "Dieu dit: Que la lumière soit! Et la lumière fut.",
@@ -170,8 +170,11 @@ def heatmap_spec(matrix: np.ndarray, source_labels: list[str], target_labels: li
         "height": cell * target_length,
         "data": {"values": values},
         "mark": {"type": "rect", "tooltip": True},
+        # vega-embed's options: draw in SVG (cells and labels in the page), no menu of links to online editors
+        "usermeta": {"embedOptions": {"renderer": "svg", "actions": False}},
         "encoding": {
-            "x": {"field": "s", "type": "ordinal", "axis": axis("source tokens (▁ starts a word)", source_labels, -50)},
+            "x": {"field": "s", "type": "ordinal",
+                  "axis": axis("source tokens (▁ starts a word)", source_labels, -50)},
             "y": {"field": "t", "type": "ordinal", "axis": axis("generated tokens", target_labels, 0)},
             "color": {"field": "weight", "type": "quantitative", "title": "attention",
                       "scale": {"scheme": "viridis", "domain": [0, max(float(matrix.max()), 1e-6)]}},
@@ -205,8 +208,12 @@ def model_card_facts(name: str) -> tuple[list[str], list[str]]:
         card = ModelCard.load(path / "README.md" if path.is_dir() else name)
     except Exception:  # noqa: BLE001  (no card, unreadable YAML, hub unreachable: the demo runs without it)
         return [], []
-    listed = lambda value: [value] if isinstance(value, str) else list(value or [])  # noqa: E731
-    return listed(card.data.language), listed(card.data.datasets)
+    return _as_list(card.data.language), _as_list(card.data.datasets)
+
+
+def _as_list(value) -> list[str]:
+    """A card field that may be one string, a list or missing, as a list."""
+    return [value] if isinstance(value, str) else list(value or [])
 
 
 def pick_examples(lines: list[str]) -> list[str]:
@@ -306,8 +313,8 @@ def launch_options(host: str | None = None, port: int | None = None) -> dict:
     """`Blocks.launch` keywords: no share link, no server-side rendering (a Node.js process), system fonts.
     host/port None: Gradio's defaults (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, else 127.0.0.1 and the first free
     port from 7860), which is what a Space wants."""
-    return dict(server_name=host, server_port=port, share=False, ssr_mode=False, show_error=True,
-                theme=offline_theme(import_gradio()))
+    return {"server_name": host, "server_port": port, "share": False, "ssr_mode": False, "show_error": True,
+            "theme": offline_theme(import_gradio())}
 
 
 def _plot(spec: dict):
@@ -325,11 +332,17 @@ def _page_intro(demo_model: DemoModel) -> str:
             "writing it. Hover over a cell of the heatmap for its weight.")
 
 
+def default_beams(model) -> int:
+    """The page's beam size at start: the model's generation_config's when it uses beam search, else 4."""
+    num_beams = getattr(model.generation_config, "num_beams", None) or 1
+    return min(num_beams, MAX_BEAMS) if num_beams > 1 else 4
+
+
 def build_demo(demo_model: DemoModel):
     """The page as a `gradio.Blocks` (not launched)."""
     gr = import_gradio()
     layers, heads = demo_model.model.config.decoder_layers, demo_model.model.config.decoder_attention_heads
-    default_beams = max(2, min(demo_model.model.generation_config.num_beams or 4, MAX_BEAMS))
+    beams = default_beams(demo_model.model)
     language = f" ({demo_model.source_lang})" if demo_model.source_lang else ""
     ui = {}
     with gr.Blocks(title=f"hf-scratch-transformer: {demo_model.name}", analytics_enabled=False) as blocks:
@@ -339,9 +352,8 @@ def build_demo(demo_model: DemoModel):
                 ui["source"] = gr.Textbox(label=f"Source text{language}", lines=4, elem_id="source")
                 with gr.Row():
                     ui["decoding"] = gr.Radio(["greedy", "beam search"], value="beam search", label="Decoding")
-                    ui["beams"] = gr.Slider(2, MAX_BEAMS, value=default_beams, step=1, label="Beams")
-                    ui["count"] = gr.Slider(1, MAX_BEAMS, value=min(3, default_beams), step=1,
-                                            label="Hypotheses (n-best)")
+                    ui["beams"] = gr.Slider(2, MAX_BEAMS, value=beams, step=1, label="Beams")
+                    ui["count"] = gr.Slider(1, MAX_BEAMS, value=min(3, beams), step=1, label="Hypotheses (n-best)")
                 ui["button"] = gr.Button("Translate", variant="primary", elem_id="translate")
                 if demo_model.examples:
                     gr.Examples([[text] for text in demo_model.examples], inputs=[ui["source"]],
@@ -350,11 +362,14 @@ def build_demo(demo_model: DemoModel):
                 ui["translation"] = gr.Textbox(label="Translation (best hypothesis)", interactive=False,
                                                elem_id="translation")
                 ui["table"] = gr.Dataframe(headers=["#", "translation", "score", "tokens"], label="n-best list",
-                                           interactive=False, wrap=True, elem_id="nbest")
+                                           interactive=False, wrap=True, elem_id="nbest",
+                                           column_widths=["8%", "62%", "16%", "14%"])
         with gr.Row():
-            ui["chosen"] = gr.Dropdown(choices=[("1", 0)], value=0, label="Attention of hypothesis #")
-            ui["layer"] = gr.Dropdown([(f"layer {i + 1}", i) for i in range(layers)], value=layers - 1, label="Layer")
-            ui["head"] = gr.Dropdown(head_choices(heads), value="mean", label="Head")
+            ui["chosen"] = gr.Dropdown(choices=[("1", 0)], value=0, label="Attention of hypothesis #",
+                                       elem_id="hypothesis")
+            ui["layer"] = gr.Dropdown([(f"layer {i + 1}", i) for i in range(layers)], value=layers - 1, label="Layer",
+                                      elem_id="layer")
+            ui["head"] = gr.Dropdown(head_choices(heads), value="mean", label="Head", elem_id="head")
         ui["heatmap"] = gr.Plot(label="Cross-attention (generated tokens × source tokens)", elem_id="heatmap")
         _wire_events(gr, DemoActions(demo_model), ui)
     return blocks
@@ -398,8 +413,9 @@ def _wire_events(gr, actions: DemoActions, ui: dict) -> None:
 # --------------------------------------------------------------------------------------------------------------
 SPACE_APP = '''"""Gradio Space: the hf-scratch-transformer demo of {model_id}.
 
-The model is loaded by hub id; the environment variable {env_var} (a hub id or a local directory) loads another.
-hf_scratch_transformer/ beside this file is a copy of the package (version {version}) that wrote this Space.
+The model is loaded by hub id; the environment variable {env_var} (a hub id or a local
+directory) loads another one. hf_scratch_transformer/ beside this file is a copy of the package
+(version {version}) that wrote this Space.
 """
 
 import os
@@ -444,7 +460,8 @@ def space_files(model_id: str) -> dict[str, str]:
     readme = (f"---\n{card.to_yaml()}\n---\n\n# {model_id}: translation demo\n\nTranslate with greedy or beam search, "
               f"see the n-best list with scores and the cross-attention of each hypothesis. Written by "
               f"`hf-scratch-demo --write_space` (hf-scratch-transformer {__version__}); the model is "
-              f"[{model_id}](https://huggingface.co/{model_id}). `hf_scratch_transformer/` is a copy of that package.\n")
+              f"[{model_id}](https://huggingface.co/{model_id}). `hf_scratch_transformer/` is a copy of that "
+              f"package.\n")
     app = SPACE_APP.format(model_id=model_id, env_var=MODEL_ENV_VAR, version=__version__)
     return {"app.py": app, "requirements.txt": "\n".join(requirements) + "\n", "README.md": readme}
 
@@ -511,7 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default=DEFAULT_HOST,
                         help=f"address to listen on (default: {DEFAULT_HOST}, this machine only; 0.0.0.0: every "
                         "network interface)")
-    parser.add_argument("--port", type=int, metavar="N", help="port to listen on (default: the first free one from 7860)")
+    parser.add_argument("--port", type=int, metavar="N",
+                        help="port to listen on (default: the first free one from 7860)")
     parser.add_argument("--device", metavar="DEVICE", help="cpu, cuda, mps... (default: cuda if available, else cpu)")
     parser.add_argument("--write_space", metavar="DIR",
                         help="instead of starting the page, write a Gradio Space (app.py, requirements.txt, README.md) "
@@ -575,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:  # noqa: BLE001  (anything else: one line, --debug for the traceback)
         if args.debug:
             raise
         message = " ".join(str(error).split())[:500]
