@@ -148,7 +148,8 @@ def one_line(code: int, err: str, expected_code: int, *parts: str) -> str:
     message = lines[-1] if lines else ""
     if code != expected_code:
         raise Failure(f"exit status {code}, expected {expected_code}: {message}")
-    if message.startswith(("error: ", "hf-scratch-translate: error: ", "training stopped: ")) is False:
+    if message.startswith(("error: ", "hf-scratch-translate: error: ", "hf-scratch-demo: error: ",
+                           "training stopped: ")) is False:
         raise Failure(f"the last line is not an error message: {message!r}")
     missing = [part for part in parts if part not in message]
     if missing:
