@@ -17,11 +17,12 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from .checkpointing import RunState, list_checkpoints, load_checkpoint, resume_settings, save_checkpoint
+from .checkpointing import RunState, load_checkpoint, resume_settings
 from .data import make_batch_sampler, padding_fraction, sequence_lengths
 from .errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import log_row
-from .export import push_during_training
+from .model_directory import push_during_training
+from .run_directory import list_checkpoints, save_checkpoint
 
 logger = logging.getLogger("hf_scratch_transformer")
 STREAM_SHUFFLE_BUFFER = 10_000  # examples in the shuffle buffer of a --streaming training split
@@ -216,7 +217,7 @@ class TrainingLoop:
 
     def resume(self, checkpoint: Path) -> None:
         """Model, optimiser, schedule, RNG states and position in the data from `checkpoint`."""
-        self.state = load_checkpoint(self.accelerator, self.scheduler, checkpoint, self.settings)
+        self.state = load_checkpoint(self.accelerator, self.scheduler, checkpoint, self.total_steps)
         self.last_checkpoint = checkpoint
 
     def train(self) -> None:

@@ -1,21 +1,14 @@
-"""checkpointing.py: complete checkpoints, resuming (bit for bit, or refused with one line), averaging, the lock."""
+"""checkpointing.py: resuming (bit for bit, or refused with one line naming what differs) and averaging."""
 
 import json
-import os
-import platform
 import shutil
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, digests, fails_with, quick_flags, run_quick, run_tiny, saved_files, tiny_run_flags
+from helpers import digests, fails_with, run_quick, run_tiny, saved_files, tiny_run_flags
 from safetensors.torch import load_file
 
-from hf_scratch_transformer.checkpointing import CHECKPOINT_COMPLETE, LOCK_FILE, list_checkpoints
-from hf_scratch_transformer.loop import BATCH_TRACE_VARIABLE
+from hf_scratch_transformer.run_directory import CHECKPOINT_COMPLETE, list_checkpoints
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
 
@@ -98,12 +91,6 @@ def test_a_checkpoint_counts_only_with_its_completion_marker_and_files(tmp_path)
     assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-2"]
     (tmp_path / "checkpoint-2" / CHECKPOINT_COMPLETE).unlink()  # no marker: not complete
     assert list_checkpoints(tmp_path) == []
-    # ... unless written by the version before markers (its run state has no world_size): still resumable
-    state_file = tmp_path / "checkpoint-2" / "run_state.json"
-    state = json.loads(state_file.read_text())
-    del state["world_size"], state["settings"]
-    state_file.write_text(json.dumps(state))
-    assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-2"]
 
 
 # ----------------------------------------------------------------------------------------------------------- averaging
@@ -117,54 +104,3 @@ def test_checkpoint_averaging(tmp_path):
     torch.testing.assert_close(final["model.shared.weight"], sum(p["model.shared.weight"] for p in parts) / 3)
     card = (tmp_path / "README.md").read_text()  # the model card states what the final weights are
     assert "Final weights: the average of the last 3 checkpoints (checkpoint-4, checkpoint-6, checkpoint-8)" in card
-
-
-# ------------------------------------------------------------------------------------------------------------ the lock
-
-
-def test_a_stale_lock_is_taken_over_and_the_lock_is_released_after_the_run(tmp_path):
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()  # a pid that existed and is gone
-    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": dead.pid, "hostname": platform.node()}))
-    run_quick(tmp_path, max_steps=2, save_steps=0, eval_steps=0)
-    assert not (tmp_path / LOCK_FILE).exists()
-    assert (tmp_path / "model.safetensors").is_file()
-
-
-def test_a_second_concurrent_run_is_refused_and_the_first_one_goes_on(tmp_path):
-    """Two real runs into one directory: while the first holds the lock, the second exits 2 and writes nothing; the
-    first is then stopped with SIGINT and saves a checkpoint that exists."""
-    trace_dir = tmp_path.parent / f"{tmp_path.name}-trace"
-    trace_dir.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", BATCH_TRACE_VARIABLE: str(trace_dir),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    first = subprocess.Popen([sys.executable, str(REPO / "train.py"),
-                              *quick_flags(tmp_path, max_steps=100_000, save_steps=0, eval_steps=0)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
-    try:
-        deadline = time.time() + 120
-        while not (tmp_path / LOCK_FILE).exists() and time.time() < deadline:
-            time.sleep(0.1)
-        before = sorted(path.name for path in tmp_path.iterdir())
-        second = subprocess.run([sys.executable, str(REPO / "train.py"), *quick_flags(tmp_path, max_steps=2)],
-                                capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-        assert second.returncode == 2, second.stderr[-2000:]
-        message = second.stderr.strip().splitlines()[-1]
-        assert message.startswith(f"error: output directory {tmp_path} is in use by another run (pid {first.pid} on ")
-        assert first.poll() is None, "the first run must still be training"
-        after = sorted(path.name for path in tmp_path.iterdir() if not path.name.startswith("checkpoint-"))
-        assert set(after) <= set(before) | {".tokenizer"}
-        trace = trace_dir / "rank-0.jsonl"
-        while not (trace.exists() and trace.stat().st_size) and first.poll() is None and time.time() < deadline:
-            time.sleep(0.1)  # the first run is in its training loop once it has recorded a batch
-        first.send_signal(2)  # SIGINT
-        _, first_err = first.communicate(timeout=300)
-    finally:
-        if first.poll() is None:
-            first.kill()
-    assert first.returncode == 130, first_err[-2000:]
-    stop = first_err.strip().splitlines()[-1]
-    assert stop.startswith("interrupted: SIGINT received: checkpoint saved at step")
-    saved = stop.split(" in ")[-1].split(";")[0]
-    assert list_checkpoints(tmp_path)[-1] == Path(saved)
-    assert not (tmp_path / LOCK_FILE).exists()
