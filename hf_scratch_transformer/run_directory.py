@@ -88,11 +88,13 @@ NEARLY_FULL_BYTES = 1 << 20  # torch names no cause: less than this free where i
 
 
 def _error_chain(error: BaseException):
+    """`error` and the errors it was raised from (`raise ... from`; not those it was merely raised while handling,
+    which may be unrelated)."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         yield error
-        error = error.__cause__ or error.__context__
+        error = error.__cause__
 
 
 def _torch_write_failure(error: BaseException) -> bool:
@@ -113,7 +115,7 @@ def _errno_of(error: BaseException, directory: Path) -> int | None:
         for code in REMEDIES:
             if os.strerror(code) in text:
                 return code
-    if any(_torch_write_failure(link) for link in _error_chain(error)):
+    if _torch_write_failure(error):
         if _free_bytes(directory) < NEARLY_FULL_BYTES:
             return errno.ENOSPC
         return errno.EACCES if not os.access(_existing(directory), os.W_OK) else errno.EIO

@@ -5,10 +5,23 @@ import shutil
 
 import pytest
 import torch
-from helpers import digests, fails_with, run_quick, run_tiny, saved_files, tiny_run_flags
+from helpers import (
+    MODEL_CARD_TEMPLATE,
+    digests,
+    fails_with,
+    pair_records,
+    quick_flags,
+    run_quick,
+    run_tiny,
+    saved_files,
+    tiny_run_flags,
+    write_jsonl,
+)
 from safetensors.torch import load_file
 
+from hf_scratch_transformer.checkpointing import read_run_state
 from hf_scratch_transformer.run_directory import CHECKPOINT_COMPLETE, list_checkpoints
+from hf_scratch_transformer.training import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
 
@@ -91,6 +104,38 @@ def test_a_checkpoint_counts_only_with_its_completion_marker_and_files(tmp_path)
     assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-2"]
     (tmp_path / "checkpoint-2" / CHECKPOINT_COMPLETE).unlink()  # no marker: not complete
     assert list_checkpoints(tmp_path) == []
+
+
+def test_resume_on_changed_training_data_is_refused_unless_asked(tmp_path, capsys):
+    """The corpus file at the same path changed by one letter: same size, same number of pairs; the hash of the
+    sampled pairs tells. With --ignore_data_changes the run goes on and records the new data."""
+    corpus = write_jsonl(tmp_path / "train.jsonl", pair_records())
+    run_dir = tmp_path / "run"
+    flags = dict(train_file=corpus, save_steps=2, eval_steps=0)  # validation and test are carved out of it
+    run_quick(run_dir, max_steps=2, **flags)
+    corpus.write_text(corpus.read_text(encoding="utf-8").replace("Jesus wept.", "Jesus wepT."), encoding="utf-8")
+    checkpoint = run_dir / "checkpoint-2"
+    before = digests(checkpoint)
+    message = fails_with(quick_flags(run_dir, max_steps=4, **flags, resume_from_checkpoint="latest"), capsys)
+    assert message == (f"error: the training data changed since {checkpoint} was saved ({corpus}: other text in the "
+                       f"64 pairs sampled): the resumed run would go on with its tokenizer and position in the data "
+                       f"on other pairs; resume with the data it was trained on, start a new --output_dir, or add "
+                       f"--ignore_data_changes to continue on the new data")
+    assert digests(checkpoint) == before and not (run_dir / "checkpoint-4").exists()
+    argv = quick_flags(run_dir, max_steps=4, **flags, resume_from_checkpoint="latest", ignore_data_changes=True)
+    assert main(argv, MODEL_CARD_TEMPLATE) == 0
+    old, new = read_run_state(checkpoint).data_fingerprint, read_run_state(run_dir / "checkpoint-4").data_fingerprint
+    assert new["sample_sha256"] != old["sample_sha256"] and new["pairs"] == old["pairs"]
+
+
+def test_max_steps_below_the_checkpoint_is_refused_before_any_work(finished_run, capsys):
+    before = digests(finished_run / "checkpoint-4")
+    message = fails_with(tiny_run_flags(finished_run, max_steps=3, resume_from_checkpoint="latest"), capsys)
+    assert message == (f"error: checkpoint {finished_run / 'checkpoint-4'} is at step 4, past the 3 steps this run is "
+                       f"set to (--max_steps, or --num_train_epochs): the resumed run would save that longer-trained "
+                       f"model as its result; raise --max_steps to train on from step 4, or resume from a "
+                       f"checkpoint-N with N <= 3")
+    assert digests(finished_run / "checkpoint-4") == before
 
 
 # ----------------------------------------------------------------------------------------------------------- averaging
