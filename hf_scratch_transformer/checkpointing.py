@@ -60,8 +60,8 @@ def read_run_state(checkpoint: Path) -> RunState:
         return RunState(**json.loads((checkpoint / RUN_STATE_FILE).read_text()))
     except (OSError, ValueError, TypeError) as error:
         reason = " ".join(str(error).split())[:300]
-        raise UsageError(f"checkpoint {checkpoint} has no readable {RUN_STATE_FILE} ({type(error).__name__}: {reason}): "
-                         f"resume from another checkpoint-N or start a new --output_dir") from error
+        raise UsageError(f"checkpoint {checkpoint} has no readable {RUN_STATE_FILE} ({type(error).__name__}: "
+                         f"{reason}): resume from another checkpoint-N or start a new --output_dir") from error
 
 
 # ------------------------------------------------------------------------------------------------ resume checks

@@ -294,8 +294,10 @@ def check_output_dir(args) -> None:
                 f"output directory {output_dir} exists and is not empty: pass --overwrite_output_dir to replace it, "
                 f"--resume_from_checkpoint latest to continue its run, or another --output_dir")
         return
-    written = [results_file(phase) for phase, wanted in (("eval", args.do_eval), ("predict", args.do_predict)) if wanted]
-    replaced = [name for name in written + ([PREDICTIONS_FILE] if args.do_predict else []) if (output_dir / name).exists()]
+    written = [results_file("eval")] if args.do_eval else []
+    if args.do_predict:
+        written += [results_file("predict"), PREDICTIONS_FILE]
+    replaced = [name for name in written if (output_dir / name).exists()]
     if replaced:
         raise UsageError(f"output directory {output_dir} already holds {', '.join(replaced)}, which this evaluation "
                          f"would replace: give another --output_dir, or add --overwrite_output_dir to replace them")
@@ -436,7 +438,7 @@ def save_checkpoint(accelerator, model, tokenizer, state, scheduler, output_dir:
     _on_every_process(accelerator, complete if accelerator.is_main_process else lambda: None, partial, fault)
     if accelerator.is_main_process:
         for old in list_checkpoints(output_dir)[:-keep]:
-            shutil.rmtree(old)
+            remove_quietly(old)
     return final
 
 

@@ -4,9 +4,9 @@
 training (Adam + warm-up schedule + label smoothing, periodic validation and checkpoints) -> validation and test
 (BLEU, chrF; greedy and beam search) -> a Hub-format output directory with a model card -> optionally the hub.
 Each step's machinery lives in its own module: `arguments` (flags and their checks), `data` (corpus, preprocessing,
-batches), `tokenization`, `loop` (Accelerate and the training loop), `evaluation`, `run_directory` (the output directory:
-lock, checks, checkpoints, staging, write faults), `checkpointing` (resuming) and `model_directory` (the Hub-format
-model and the hub).
+batches), `tokenization`, `loop` (Accelerate and the training loop), `evaluation`, `run_directory` (the output
+directory: lock, checks, checkpoints, staging, write faults), `checkpointing` (resuming) and `model_directory` (the
+Hub-format model and the hub).
 """
 
 import json

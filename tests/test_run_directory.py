@@ -108,7 +108,8 @@ def test_errors_that_are_not_failed_writes_pass_through(tmp_path):
     with pytest.raises(TrainingFault) as caught:  # any OSError is a failed write: named in the system's words
         with guarded_write("the thing", tmp_path, kept="k", then="t"):
             raise OSError(errno.EIO, os.strerror(errno.EIO))
-    assert str(caught.value) == f"could not write the thing in {tmp_path}: Input/output error; k: check the disk, then t"
+    assert str(caught.value) == (f"could not write the thing in {tmp_path}: Input/output error; k: check the disk, "
+                                 f"then t")
 
 
 # ------------------------------------------------------------------------------------- full disks in real runs
