@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -182,6 +183,35 @@ def test_full_disk_at_the_final_save_keeps_the_previous_model_and_a_resume_after
     assert main(tiny_run_flags(run_dir, **flags, resume_from_checkpoint="latest"), MODEL_CARD_TEMPLATE) == 0
     assert digests(run_dir)["model.safetensors"] != before["model.safetensors"]  # the new model is in place
     load_model_and_tokenizer(run_dir)
+
+
+@pytest.mark.slow  # a 2-process launch (about 2 minutes on 2 busy cores): python -m pytest -m slow tests/test_run_directory.py
+def test_a_full_disk_under_two_processes_stops_both_with_one_line_each(finished_run, small_disk):
+    """The disk fills while two processes write checkpoint-4 (the main one writes the weights and the optimiser, each
+    one its random states; either may be the one that fails): the failure is exchanged before the completion marker,
+    so no checkpoint-4 is completed without a part, the run ends with the line naming the cause, and checkpoint-2
+    stays the last complete checkpoint."""
+    checkpoint = disk_usage(finished_run / "checkpoint-2")
+    tokenizer = disk_usage(finished_run / "tokenizer.json", finished_run / "tokenizer_config.json")
+    disk = small_disk(PAGE + tokenizer + checkpoint * 3 // 2)
+    run_dir = disk.path / "run"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(REPO / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", str(port),
+               str(REPO / "train.py"), *tiny_run_flags(run_dir, max_steps=4, save_steps=2, eval_steps=0)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+    assert result.returncode != 0
+    # Each rank ends in its line (after a progress bar, when processes share the terminal); the launcher may stop
+    # the other rank with SIGTERM before it prints: the one naming the cause is always there.
+    lines = [line[line.index("training stopped: "):] for line in result.stderr.splitlines()
+             if "training stopped: " in line]
+    assert any(f"could not write checkpoint-4 in {run_dir}: No space left on device (about" in line for line in lines)
+    assert all(f"the last complete checkpoint, {run_dir / 'checkpoint-2'}, is unchanged" in line for line in lines)
+    assert sorted(path.name for path in run_dir.iterdir()) == ["checkpoint-2"]
 
 
 def test_a_read_only_output_dir_is_named_before_any_work(small_disk, capsys):
