@@ -16,11 +16,9 @@ from pathlib import Path
 import yaml
 from transformers import HfArgumentParser
 
-from .checkpointing import LOCK_FILE
 from .configuration_scratch_transformer import DEFAULT_PRESET, PRESETS, ScratchTransformerConfig
 from .data import DataArguments
 from .errors import UsageError
-from .export import is_staging
 
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 LR_SCHEDULERS = ("inverse_sqrt", "linear", "cosine", "constant_with_warmup")  # transformers.get_scheduler names
@@ -167,6 +165,11 @@ class RunArguments:
         default=False,
         metadata={"help": "Resuming from an older checkpoint-N: move the newer checkpoints aside into "
                   "output_dir/abandoned-after-N-<time>/ instead of refusing."},
+    )
+    ignore_data_changes: bool = field(
+        default=False,
+        metadata={"help": "Resume although the training data changed since the checkpoint was saved (its tokenizer "
+                  "and position in the data are kept)."},
     )
     average_checkpoints: int = field(
         default=1, metadata={"help": "Final weights = average of the last K checkpoints (fairseq-style); 1: off."}
@@ -343,12 +346,6 @@ def _config_file_flags(path: Path, known: set[str]) -> list[str]:
 # ------------------------------------------------------------------------------------------------------ checks
 
 
-def check_arguments(model_args: ModelArguments, data_args: DataArguments, args: RunArguments) -> None:
-    """Refuse contradictory or impossible settings, and an output directory holding another run, before any work."""
-    check_values(model_args, data_args, args)
-    check_output_dir(args)
-
-
 def check_values(model_args: ModelArguments, data_args: DataArguments, args: RunArguments) -> None:
     """Refuse contradictory or impossible settings before any work is done (touches no file). With no --do_*
     flag, sets all three."""
@@ -359,9 +356,6 @@ def check_values(model_args: ModelArguments, data_args: DataArguments, args: Run
     _check_phases(model_args, args)
     _check_choices(data_args, args)
     _check_lengths(model_args, data_args, config)
-    output_dir = Path(args.output_dir)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise UsageError(f"--output_dir {output_dir} is a file, not a directory")
 
 
 def _check_phases(model_args: ModelArguments, args: RunArguments) -> None:
@@ -417,19 +411,6 @@ def _check_lengths(model_args: ModelArguments, data_args: DataArguments, config:
         raise UsageError(
             f"--max_source_length/--max_target_length ({longest}) must be below --max_position_embeddings "
             f"({limit})"
-        )
-
-
-def check_output_dir(args: RunArguments) -> None:
-    """A non-empty output directory is only reused on request."""
-    output_dir = Path(args.output_dir)
-    # Staging folders left by a run that stopped during setup hold nothing to lose; the lock is this run's.
-    kept = [path for path in output_dir.iterdir() if not is_staging(path) and path.name != LOCK_FILE] \
-        if output_dir.is_dir() else []
-    if kept and args.do_train and not args.overwrite_output_dir and not args.resume_from_checkpoint:
-        raise UsageError(
-            f"output directory {output_dir} exists and is not empty: pass --overwrite_output_dir to replace it, "
-            f"--resume_from_checkpoint latest to continue its run, or another --output_dir"
         )
 
 

@@ -1,34 +1,24 @@
-"""Checkpoints of a training run: where the run is (`RunState`), writing and finding complete checkpoints, resuming
-(same architecture, settings and number of processes), averaging the last K, and the lock of the output directory.
-
-A checkpoint is `output_dir/checkpoint-<step>`: Accelerate's `save_state` (model, optimiser, RNG states of every
-process), config.json, the tokenizer, `run_state.json`, and last `checkpoint_complete.json`, which names every file
-and its size. It is written as `checkpoint-<step>.tmp` and renamed only when complete.
+"""Resuming a run from a checkpoint: where the run is (`RunState`), the checks that the resumed run continues the
+same one (architecture, settings, number of processes, length, training data), loading, and averaging the last K
+checkpoints. Writing and finding checkpoints is the run directory's (run_directory.py).
 """
 
+import hashlib
 import json
 import logging
-import os
-import platform
 import re
-import shutil
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 
+from datasets import Dataset
 from safetensors.torch import load_file
 
-from .errors import TrainingFault, UsageError
+from .errors import UsageError
+from .run_directory import RUN_STATE_FILE, list_checkpoints
 
 logger = logging.getLogger("hf_scratch_transformer")
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
-# This package's own run state (JSON), named so that it is not taken for transformers' `trainer_state.json`
-# (`TrainerState`), which it is not. Checkpoints written before the rename hold the same JSON under the old name.
-TRAINER_STATE = "run_state.json"
-LEGACY_TRAINER_STATE = "trainer_state.json"
-CHECKPOINT_COMPLETE = "checkpoint_complete.json"  # written last: names every file of the checkpoint and its size
-ABANDONED_PREFIX = "abandoned-after-"  # newer checkpoints set aside by --overwrite_newer_checkpoints
-LOCK_FILE = ".train.lock"
+FINGERPRINT_SAMPLE = 64  # pairs hashed to recognise the training data (evenly spread; the first ones if streamed)
 
 
 @dataclass
@@ -44,6 +34,7 @@ class RunState:
     scheduler: dict = field(default_factory=dict)
     world_size: int = 1  # processes that trained: batches_done_in_epoch counts the batches of each of them
     settings: dict = field(default_factory=dict)  # RESUME_SETTINGS as the run started: a resume must not change them
+    data_fingerprint: dict = field(default_factory=dict)  # data_fingerprint() of the training data it trained on
     # the end of the run (stopping.StoppingRules): the best validation so far, the patience counter, the time spent
     best_metric: float | None = None
     best_step: int | None = None
@@ -70,100 +61,37 @@ def resume_settings(args, data_args) -> dict:
     return {name: getattr(sources[group], name) for group, names in RESUME_SETTINGS.items() for name in names}
 
 
-# --------------------------------------------------------------------------------------------- finding checkpoints
-
-
-def checkpoint_problem(path: Path) -> str | None:
-    """Why `path` is not a complete checkpoint, or None: the completion marker, written last, must be there and
-    every file it lists must exist with the size it records."""
+def read_run_state(checkpoint: Path) -> RunState:
+    """The run state saved in a checkpoint; one line if it cannot be read."""
     try:
-        listed = json.loads((path / CHECKPOINT_COMPLETE).read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        if _is_legacy_checkpoint(path):
-            return None
-        return f"no {CHECKPOINT_COMPLETE}, which is written last, once every file is in place"
-    for name, size in listed.items():
-        file = path / name
-        if not file.is_file() or file.stat().st_size != size:
-            return f"{name} is missing or has another size than when it was written"
-    return None
-
-
-def _is_legacy_checkpoint(path: Path) -> bool:
-    """A checkpoint written before completion markers existed (one process; its run state, written last, has no
-    `world_size`): complete as far as can be told, so that runs started with the previous version can resume."""
-    try:
-        state = json.loads(run_state_file(path).read_text())
-    except (AttributeError, OSError, ValueError):  # AttributeError: no run state at all
-        return False
-    return isinstance(state, dict) and "global_step" in state and "world_size" not in state
-
-
-def list_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete checkpoints (`checkpoint-<step>`, never the `.tmp` being written), oldest first."""
-    if not output_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), path) for path in output_dir.iterdir()
-             if path.is_dir() and (m := CHECKPOINT_PATTERN.match(path.name)) and checkpoint_problem(path) is None]
-    return [path for _, path in sorted(found)]
-
-
-def run_state_file(checkpoint: Path) -> Path | None:
-    """The run-state JSON of a checkpoint: `run_state.json`, or `trainer_state.json` in checkpoints written before
-    it was renamed; None if there is neither."""
-    for name in (TRAINER_STATE, LEGACY_TRAINER_STATE):
-        if (checkpoint / name).is_file():
-            return checkpoint / name
-    return None
-
-
-def resolve_checkpoint(value: str, output_dir: Path) -> Path:
-    """The checkpoint --resume_from_checkpoint names (a path, or `latest` in output_dir), refused if incomplete."""
-    if value == "latest":
-        checkpoints = list_checkpoints(output_dir)
-        if not checkpoints:
-            raise UsageError(f"--resume_from_checkpoint latest: no complete checkpoint in {output_dir}")
-        return checkpoints[-1]
-    path = Path(value)
-    problem = checkpoint_problem(path) if path.is_dir() else "not a directory"
-    if problem:
-        raise UsageError(f"--resume_from_checkpoint {path}: not a complete checkpoint ({problem}); resume from "
-                         f"another checkpoint-N or with 'latest'")
-    return path
-
-
-def set_newer_checkpoints_aside(checkpoint: Path, output_dir: Path, allowed: bool, is_main: bool) -> None:
-    """Resuming from checkpoint-N while checkpoint-M (M > N) exist: the resumed run would overwrite them and
-    rotation would delete its own new checkpoints, so it is refused unless `allowed` (--overwrite_newer_checkpoints),
-    which moves them into abandoned-after-N-<time>/ (where `latest` no longer sees them). The main process moves."""
-    match = CHECKPOINT_PATTERN.match(checkpoint.name)
-    step = int(match.group(1)) if match else json.loads(run_state_file(checkpoint).read_text())["global_step"]
-    newer = [path for path in output_dir.glob("checkpoint-*")
-             if (m := CHECKPOINT_PATTERN.match(path.name)) and int(m.group(1)) > step and path.is_dir()]
-    newer.sort(key=lambda path: int(CHECKPOINT_PATTERN.match(path.name).group(1)))
-    if not newer:
-        return
-    names = ", ".join(path.name + ("" if checkpoint_problem(path) is None else " (incomplete)") for path in newer)
-    if not allowed:
-        raise UsageError(
-            f"resuming from {checkpoint} (step {step}) while {output_dir} holds newer checkpoints "
-            f"({names}): resume from the newest with --resume_from_checkpoint latest, or add "
-            f"--overwrite_newer_checkpoints to move them aside into {output_dir}/{ABANDONED_PREFIX}{step}-<time>/")
-    aside = output_dir / f"{ABANDONED_PREFIX}{step}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if is_main:
-        aside.mkdir()
-        for path in newer:
-            os.replace(path, aside / path.name)
-        logger.warning(f"moved the newer checkpoints {names} aside into {aside}")
-
-
-def remove_checkpoints(output_dir: Path) -> None:
-    """--overwrite_output_dir: the checkpoints of the run that was there go (the main process removes them)."""
-    for old in output_dir.glob("checkpoint-*"):
-        shutil.rmtree(old)
+        return RunState(**json.loads((checkpoint / RUN_STATE_FILE).read_text()))
+    except (OSError, ValueError, TypeError) as error:
+        reason = " ".join(str(error).split())[:300]
+        raise UsageError(f"checkpoint {checkpoint} has no readable {RUN_STATE_FILE} ({type(error).__name__}: "
+                         f"{reason}): resume from another checkpoint-N or start a new --output_dir") from error
 
 
 # ------------------------------------------------------------------------------------------------ resume checks
+
+
+def check_resume(checkpoint: Path, args, data_args, world_size: int) -> None:
+    """Before any work: the resumed run must be the same run (number of processes, RESUME_SETTINGS) and not end
+    before the checkpoint's step (--max_steps)."""
+    saved = read_run_state(checkpoint)
+    check_world_size(checkpoint, saved.world_size, world_size)
+    check_same_settings(checkpoint, saved.settings, resume_settings(args, data_args))
+    if args.max_steps > 0:
+        check_run_length(checkpoint, saved.global_step, args.max_steps)
+
+
+def check_run_length(checkpoint: Path, step: int, total_steps: int) -> None:
+    """A checkpoint past the run's last step would be saved as this run's model, trained longer than asked."""
+    if step > total_steps:
+        raise UsageError(
+            f"checkpoint {checkpoint} is at step {step}, past the {total_steps} steps this run is set to "
+            f"(--max_steps, or --num_train_epochs): the resumed run would save that longer-trained model as its "
+            f"result; raise --max_steps to train on from step {step}, or resume from a checkpoint-N with N <= "
+            f"{total_steps}")
 
 
 def check_same_architecture(checkpoint: Path, config) -> None:
@@ -206,74 +134,63 @@ def check_world_size(checkpoint: Path, saved: int, current: int) -> None:
             f"{how} or start a new --output_dir")
 
 
-# ------------------------------------------------------------------------------------------------ save and load
+# ------------------------------------------------------------------------------------------- the training data
 
 
-def save_checkpoint(accelerator, model, tokenizer, state: RunState, scheduler, output_dir: Path,
-                    keep: int) -> Path:
-    """`accelerator.save_state` into `checkpoint-<step>.tmp`, renamed when complete; all but the last `keep`
-    complete checkpoints removed, except the best one (`state.best_checkpoint`). A failed write leaves the earlier
-    checkpoints as they were (TrainingFault)."""
-    step = state.global_step
-    final = output_dir / f"checkpoint-{step}"
-    staging = output_dir / f"checkpoint-{step}.tmp"
-    try:
-        if accelerator.is_main_process and staging.exists():
-            shutil.rmtree(staging)
-        accelerator.wait_for_everyone()
-        accelerator.save_state(str(staging), safe_serialization=True)
-        accelerator.wait_for_everyone()  # every process's random states are written before the marker
-        if accelerator.is_main_process:
-            state.scheduler = scheduler.state_dict()
-            state.world_size = accelerator.num_processes
-            accelerator.unwrap_model(model).config.to_json_file(staging / "config.json")
-            tokenizer.save_pretrained(staging)
-            _complete(staging, final, state)
-            for old in list_checkpoints(output_dir)[:-keep]:
-                if old.name != state.best_checkpoint:
-                    shutil.rmtree(old)
-    except OSError as error:  # disk full, permissions: the staging folder never counts as a checkpoint
-        if accelerator.is_main_process:
-            shutil.rmtree(staging, ignore_errors=True)
-        raise TrainingFault(f"could not write checkpoint-{step} in {output_dir} ({type(error).__name__}: "
-                            f"{error}); {_what_is_kept(output_dir)}") from error
-    accelerator.wait_for_everyone()
-    return final
+def data_fingerprint(train_split, data_args) -> dict:
+    """What recognises the training data without reading all of it: where it comes from, the size of a local file
+    (or folder), the number of pairs and a hash of FINGERPRINT_SAMPLE pairs spread over it (the first ones when
+    streamed)."""
+    fingerprint = {"source": data_args.train_file or data_args.dataset_name or "the shipped corpus"}
+    if data_args.train_file and Path(data_args.train_file).exists():
+        path = Path(data_args.train_file)
+        files = [path] if path.is_file() else [file for file in path.rglob("*") if file.is_file()]
+        fingerprint["bytes"] = sum(file.stat().st_size for file in files)
+    if isinstance(train_split, Dataset):
+        count = len(train_split)
+        step = max(1, count // FINGERPRINT_SAMPLE)
+        sample = train_split[list(range(0, count, step))[:FINGERPRINT_SAMPLE]]
+        fingerprint["pairs"] = count
+    else:  # streamed: only the first pairs are read
+        sample = list(islice(train_split, FINGERPRINT_SAMPLE))
+    text = json.dumps(sample, sort_keys=True, ensure_ascii=False, default=str)
+    fingerprint["sample_sha256"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return fingerprint
 
 
-def _complete(staging: Path, final: Path, state: RunState) -> None:
-    """The run state, then the completion marker (last), then the rename to `final`."""
-    (staging / TRAINER_STATE).write_text(json.dumps(asdict(state), indent=1))
-    files = {str(path.relative_to(staging)): path.stat().st_size
-             for path in sorted(staging.rglob("*")) if path.is_file()}
-    (staging / CHECKPOINT_COMPLETE).write_text(json.dumps({"step": state.global_step, "files": files}, indent=1))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(staging, final)
+def check_same_data(checkpoint: Path, fingerprint: dict, allowed: bool) -> None:
+    """A resumed run continues the checkpoint's tokenizer and position in the data: on other training data that
+    would go unnoticed, so it is refused unless `allowed` (--ignore_data_changes)."""
+    saved = read_run_state(checkpoint).data_fingerprint
+    if saved == fingerprint:
+        return
+    changes = [f"{key} {saved.get(key)} -> {fingerprint.get(key)}" for key in ("bytes", "pairs")
+               if saved.get(key) != fingerprint.get(key)]
+    if saved.get("sample_sha256") != fingerprint.get("sample_sha256"):
+        changes.append(f"other text in the {FINGERPRINT_SAMPLE} pairs sampled")
+    change = f"{fingerprint['source']}: {'; '.join(changes)}"
+    if allowed:
+        logger.warning(f"--ignore_data_changes: the training data changed since {checkpoint} was saved ({change}); "
+                       f"continuing with its tokenizer and position on the new data")
+        return
+    raise UsageError(
+        f"the training data changed since {checkpoint} was saved ({change}): the resumed run would go on with its "
+        f"tokenizer and position in the data on other pairs; resume with the data it was trained on, start a new "
+        f"--output_dir, or add --ignore_data_changes to continue on the new data")
 
 
-def _what_is_kept(output_dir: Path) -> str:
-    kept = list_checkpoints(output_dir)
-    if kept:
-        return (f"the last complete checkpoint, {kept[-1]}, is unchanged; free space or fix permissions, then "
-                f"resume with --resume_from_checkpoint latest")
-    return ("no complete checkpoint was written before; free space or fix permissions, then start again with "
-            "--overwrite_output_dir")
+# ------------------------------------------------------------------------------------------------ loading
 
 
-def load_checkpoint(accelerator, scheduler, checkpoint: Path, settings: dict) -> RunState:
+def load_checkpoint(accelerator, scheduler, checkpoint: Path, total_steps: int) -> RunState:
     """Weights from safetensors; optimiser and RNG states through Accelerate's `torch.load(weights_only=True)`;
-    the run state it was saved with. Refused with one line if it was written by another number of processes or
-    with other RESUME_SETTINGS, or cannot be read."""
+    the run state it was saved with (check_resume has compared it with this run). Refused with one line if it
+    cannot be read or is past `total_steps`, the run's last step."""
+    state = read_run_state(checkpoint)
+    check_run_length(checkpoint, state.global_step, total_steps)
     try:
-        saved = json.loads(run_state_file(checkpoint).read_text())
-        check_world_size(checkpoint, saved.get("world_size", 1), accelerator.num_processes)
-        check_same_settings(checkpoint, saved.get("settings") or {}, settings)
         accelerator.load_state(str(checkpoint))
-        state = RunState(**saved)
         scheduler.load_state_dict(state.scheduler)
-    except UsageError:
-        raise
     except Exception as error:  # noqa: BLE001  (safetensors, torch and json each raise their own)
         reason = " ".join(str(error).split())[:300]
         raise UsageError(
@@ -298,75 +215,6 @@ def average_checkpoints(model, output_dir: Path, count: int) -> list[str]:
         total = weights if total is None else {name: total[name] + weights[name] for name in total}
     model.load_state_dict({name: value / len(checkpoints) for name, value in total.items()}, strict=False)
     return [path.name for path in checkpoints]
-
-
-# -------------------------------------------------------------------------------------------------------- the lock
-
-
-class OutputDirLock:
-    """`<output_dir>/.train.lock`, created exclusively by the main process and holding its pid and hostname, so that
-    a second run into the same directory is refused. A lock whose process is gone (same host, dead pid) is stale
-    and taken over. Creating it is also the check that the directory is writable."""
-
-    def __init__(self, output_dir: Path):
-        self.path = Path(output_dir) / LOCK_FILE
-        self.owner = {"pid": os.getpid(), "hostname": platform.node()}
-        self.held = False
-
-    def acquire(self) -> None:
-        directory = self.path.parent
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            for _ in range(2):
-                if self._try_create():
-                    return
-        except OSError as error:
-            raise UsageError(f"output directory {directory} is not writable ({type(error).__name__}: "
-                             f"{error.strerror or error}): fix its permissions or free space, or choose another "
-                             f"--output_dir") from error
-        raise UsageError(f"could not take the lock {self.path}: another run keeps recreating it; choose another "
-                         f"--output_dir")
-
-    def _try_create(self) -> bool:
-        """True once the lock is created; False after removing a stale one; UsageError if a live run holds it."""
-        try:
-            with open(self.path, "x", encoding="utf-8") as handle:
-                handle.write(json.dumps(self.owner))
-            self.held = True
-            return True
-        except FileExistsError:
-            holder = self._holder()
-            if holder is not None and not self._is_stale(holder):
-                raise UsageError(
-                    f"output directory {self.path.parent} is in use by another run (pid {holder.get('pid')} on "
-                    f"{holder.get('hostname')}, lock {self.path}): wait for it to end or choose another "
-                    f"--output_dir; delete the lock only if that run is gone") from None
-            logger.warning(f"removing the stale lock {self.path} of a run that is gone ({holder})")
-            self.path.unlink(missing_ok=True)
-            return False
-
-    def _holder(self) -> dict | None:
-        try:
-            holder = json.loads(self.path.read_text(encoding="utf-8"))
-            return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) else None
-        except (OSError, ValueError):
-            return None  # unreadable or half-written: treated as stale
-
-    def _is_stale(self, holder: dict) -> bool:
-        if holder.get("hostname") != platform.node():
-            return False  # another machine's process cannot be checked from here
-        try:
-            os.kill(holder["pid"], 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False  # alive, another user's
-        return False
-
-    def release(self) -> None:
-        if self.held and self._holder() == self.owner:
-            self.path.unlink(missing_ok=True)
-        self.held = False
 
 
 # ------------------------------------------------------------------------------------ the warning at every save

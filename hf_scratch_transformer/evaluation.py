@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .data import make_batch_sampler
+from .run_directory import log_to_trackers
 from .translate import decode_ids, generate_ids
 
 logger = logging.getLogger("hf_scratch_transformer")
@@ -77,7 +78,7 @@ def evaluation_loss(model, batches, device: torch.device) -> float:
 def log_row(accelerator, state, row: dict) -> None:
     """A row of figures ({"step": N, ...}): into the run's history, Accelerate's trackers and the log."""
     state.history.append(row)
-    accelerator.log({key: value for key, value in row.items() if key != "step"}, step=row["step"])
+    log_to_trackers(accelerator, {key: value for key, value in row.items() if key != "step"}, row["step"])
     if accelerator.is_main_process:
         logger.info(json.dumps(row))
 

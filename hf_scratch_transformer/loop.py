@@ -20,12 +20,13 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from .arguments import run_length
-from .checkpointing import RunState, list_checkpoints, load_checkpoint, resume_settings, save_checkpoint
+from .checkpointing import RunState, load_checkpoint, resume_settings
 from .cpu_threads import ThreadTuner, available_cores
 from .data import make_batch_sampler, padding_fraction, sequence_lengths
 from .errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import log_row
-from .export import push_during_training
+from .model_directory import push_during_training
+from .run_directory import list_checkpoints, save_checkpoint
 from .stopping import METRIC_NAMES, StoppingRules
 from .tokenization import BPEDropout
 
@@ -262,7 +263,7 @@ class TrainingLoop:
 
     def resume(self, checkpoint: Path) -> None:
         """Model, optimiser, schedule, RNG states and position in the data from `checkpoint`."""
-        self.state = load_checkpoint(self.accelerator, self.scheduler, checkpoint, self.settings)
+        self.state = load_checkpoint(self.accelerator, self.scheduler, checkpoint, self.total_steps)
         self.state.stop_reason = None
         self.stopping = StoppingRules(self.length, self.args.max_train_minutes, self.state)
         self.last_checkpoint = checkpoint

@@ -4,8 +4,9 @@
 training (Adam + warm-up schedule + label smoothing, periodic validation and checkpoints) -> validation and test
 (BLEU, chrF; greedy and beam search) -> a Hub-format output directory with a model card -> optionally the hub.
 Each step's machinery lives in its own module: `arguments` (flags and their checks), `data` (corpus, preprocessing,
-batches), `tokenization`, `loop` (Accelerate and the training loop), `evaluation`, `checkpointing` (checkpoints,
-resuming, the output-directory lock) and `export` (the output directory and the hub).
+batches), `tokenization`, `loop` (Accelerate and the training loop), `evaluation`, `run_directory` (the output
+directory: lock, checks, checkpoints, staging, write faults), `checkpointing` (resuming) and `model_directory` (the
+Hub-format model and the hub).
 """
 
 import json
@@ -27,20 +28,18 @@ from .arguments import (
     ModelArguments,
     RunArguments,
     check_model_flags,
-    check_output_dir,
     check_values,
     parse_arguments,
 )
 from .checkpointing import (
-    OutputDirLock,
     RunState,
     average_checkpoints,
+    check_resume,
     check_same_architecture,
+    check_same_data,
+    data_fingerprint,
     declare_tied_weights,
     quiet_save_warnings,
-    remove_checkpoints,
-    resolve_checkpoint,
-    set_newer_checkpoints_aside,
 )
 from .configuration_scratch_transformer import ScratchTransformerConfig
 from .data import (
@@ -54,17 +53,27 @@ from .data import (
 )
 from .errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import Evaluator
-from .export import (
+from .loop import TrainingLoop, start_accelerator, trackers
+from .model_directory import (
     hardware_description,
     model_card,
     push_to_hub,
     result_files,
     save_model,
     save_results,
+)
+from .modeling_scratch_transformer import ScratchTransformerForConditionalGeneration
+from .run_directory import (
+    OutputDirLock,
+    claim_output_dir,
+    end_tracker_logs,
+    remove_checkpoints,
+    resolve_checkpoint,
+    set_newer_checkpoints_aside,
+    stage_tokenizer,
+    start_tracker_logs,
     tokenizer_staging,
 )
-from .loop import TrainingLoop, start_accelerator, trackers
-from .modeling_scratch_transformer import ScratchTransformerForConditionalGeneration
 from .tokenization import train_tokenizer_on_corpus
 from .translate import ModelLoadError, load_model_and_tokenizer
 
@@ -86,11 +95,14 @@ def _run_training(model_args: ModelArguments, data_args: DataArguments, args: Ru
                   model_card_template, lock: OutputDirLock) -> dict:
     started, output_dir = time.time(), Path(args.output_dir)
     accelerator = _start(model_args, data_args, args, lock)
-    checkpoint = _prepare_output_dir(args, output_dir, accelerator)
+    checkpoint = _prepare_output_dir(data_args, args, output_dir, accelerator)
     set_seed(args.seed)
     # A model to start from is loaded first: a wrong path or contradicting size flags fail before the corpus.
     pretrained = _load_pretrained(model_args, data_args) if model_args.model_name_or_path else None
     raw = _load_corpus(data_args, args)
+    fingerprint = data_fingerprint(raw["train"], data_args) if args.do_train else {}
+    if checkpoint is not None:
+        check_same_data(checkpoint, fingerprint, args.ignore_data_changes)
     tokenizer = _tokenizer(raw, data_args, args, accelerator, checkpoint, pretrained)
     data = _prepare_data(raw, tokenizer, data_args, args, accelerator)
     model = _model(model_args, data_args, args, tokenizer, pretrained, checkpoint)
@@ -102,8 +114,9 @@ def _run_training(model_args: ModelArguments, data_args: DataArguments, args: Ru
                           args, output_dir)
         if checkpoint is not None:
             trainer.resume(checkpoint)
+        trainer.state.data_fingerprint = fingerprint
         if trackers(args):
-            accelerator.init_trackers("runs", config=_hyperparameters(model_args, data_args, args))
+            start_tracker_logs(accelerator, _hyperparameters(model_args, data_args, args))
         phases["train"] = _train(trainer, model, data, args, output_dir)
     else:
         model.to(accelerator.device).eval()
@@ -117,7 +130,7 @@ def _run_training(model_args: ModelArguments, data_args: DataArguments, args: Ru
         _export(results, phases, model, tokenizer, evaluator, trainer, model_card_template, accelerator,
                 model_args=model_args, data_args=data_args, args=args, data=data, state=state)
     if args.do_train:
-        accelerator.end_training()
+        end_tracker_logs(accelerator)
         if args.push_to_hub and accelerator.is_main_process:
             results["hub_commit"] = push_to_hub(args, output_dir, output_dir, None, "Training finished")
     return results
@@ -127,25 +140,25 @@ def _run_training(model_args: ModelArguments, data_args: DataArguments, args: Ru
 
 
 def _start(model_args: ModelArguments, data_args: DataArguments, args: RunArguments, lock: OutputDirLock):
-    """Checks before any work, the lock of the output directory (main process), then Accelerate."""
+    """Checks before any work, the output directory claimed (locked by the main process), then Accelerate."""
     check_values(model_args, data_args, args)
     _quiet_libraries(args.verbose)
-    if int(os.environ.get("RANK", "0")) == 0:  # the main process, before Accelerate starts
-        lock.acquire()
-    check_output_dir(args)
+    is_main = int(os.environ.get("RANK", "0")) == 0  # the main process, before Accelerate starts
+    claim_output_dir(args, lock if is_main else None)
     return start_accelerator(args, Path(args.output_dir))
 
 
-def _prepare_output_dir(args: RunArguments, output_dir: Path, accelerator) -> Path | None:
-    """The checkpoint to resume from (newer ones set aside on request), or None; with --overwrite_output_dir the
-    earlier run's checkpoints are removed."""
+def _prepare_output_dir(data_args: DataArguments, args: RunArguments, output_dir: Path, accelerator) -> Path | None:
+    """The checkpoint to resume from (checked against this run, newer ones set aside on request), or None; a
+    training run with --overwrite_output_dir removes the earlier run's checkpoints."""
     if args.resume_from_checkpoint:
         checkpoint = resolve_checkpoint(args.resume_from_checkpoint, output_dir)
+        check_resume(checkpoint, args, data_args, accelerator.num_processes)
         set_newer_checkpoints_aside(checkpoint, output_dir, args.overwrite_newer_checkpoints,
                                     accelerator.is_main_process)
         accelerator.wait_for_everyone()
         return checkpoint
-    if args.overwrite_output_dir and accelerator.is_main_process:
+    if args.overwrite_output_dir and args.do_train and accelerator.is_main_process:
         remove_checkpoints(output_dir)
     return None
 
@@ -189,16 +202,15 @@ def _tokenizer(raw, data_args: DataArguments, args: RunArguments, accelerator, c
         return AutoTokenizer.from_pretrained(checkpoint)
     if pretrained is not None:
         return pretrained[1]
-    staging = tokenizer_staging(Path(args.output_dir))
     if accelerator.is_main_process:
         tokenizer = train_tokenizer_on_corpus(
             raw["train"], data_args.source_lang, data_args.target_lang, vocab_size=data_args.tokenizer_vocab_size,
             max_sentences=data_args.tokenizer_max_sentences, seed=args.seed,
         )
         tokenizer.model_max_length = max(data_args.max_source_length, data_args.max_target_length)
-        tokenizer.save_pretrained(staging)
+        stage_tokenizer(tokenizer, Path(args.output_dir))
     accelerator.wait_for_everyone()
-    return AutoTokenizer.from_pretrained(staging)
+    return AutoTokenizer.from_pretrained(tokenizer_staging(Path(args.output_dir)))
 
 
 def _prepare_data(raw, tokenizer, data_args: DataArguments, args: RunArguments, accelerator) -> TrainingData:

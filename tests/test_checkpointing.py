@@ -1,21 +1,27 @@
-"""checkpointing.py: complete checkpoints, resuming (bit for bit, or refused with one line), averaging, the lock."""
+"""checkpointing.py: resuming (bit for bit, or refused with one line naming what differs) and averaging."""
 
 import json
-import os
-import platform
 import shutil
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, digests, fails_with, quick_flags, run_quick, run_tiny, saved_files, tiny_run_flags
+from helpers import (
+    MODEL_CARD_TEMPLATE,
+    digests,
+    fails_with,
+    pair_records,
+    quick_flags,
+    run_quick,
+    run_tiny,
+    saved_files,
+    tiny_run_flags,
+    write_jsonl,
+)
 from safetensors.torch import load_file
 
-from hf_scratch_transformer.checkpointing import CHECKPOINT_COMPLETE, LOCK_FILE, list_checkpoints
-from hf_scratch_transformer.loop import BATCH_TRACE_VARIABLE
+from hf_scratch_transformer.checkpointing import read_run_state
+from hf_scratch_transformer.run_directory import CHECKPOINT_COMPLETE, list_checkpoints
+from hf_scratch_transformer.training import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
 
@@ -98,12 +104,38 @@ def test_a_checkpoint_counts_only_with_its_completion_marker_and_files(tmp_path)
     assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-2"]
     (tmp_path / "checkpoint-2" / CHECKPOINT_COMPLETE).unlink()  # no marker: not complete
     assert list_checkpoints(tmp_path) == []
-    # ... unless written by the version before markers (its run state has no world_size): still resumable
-    state_file = tmp_path / "checkpoint-2" / "run_state.json"
-    state = json.loads(state_file.read_text())
-    del state["world_size"], state["settings"]
-    state_file.write_text(json.dumps(state))
-    assert [path.name for path in list_checkpoints(tmp_path)] == ["checkpoint-2"]
+
+
+def test_resume_on_changed_training_data_is_refused_unless_asked(tmp_path, capsys):
+    """The corpus file at the same path changed by one letter: same size, same number of pairs; the hash of the
+    sampled pairs tells. With --ignore_data_changes the run goes on and records the new data."""
+    corpus = write_jsonl(tmp_path / "train.jsonl", pair_records())
+    run_dir = tmp_path / "run"
+    flags = dict(train_file=corpus, save_steps=2, eval_steps=0)  # validation and test are carved out of it
+    run_quick(run_dir, max_steps=2, **flags)
+    corpus.write_text(corpus.read_text(encoding="utf-8").replace("Jesus wept.", "Jesus wepT."), encoding="utf-8")
+    checkpoint = run_dir / "checkpoint-2"
+    before = digests(checkpoint)
+    message = fails_with(quick_flags(run_dir, max_steps=4, **flags, resume_from_checkpoint="latest"), capsys)
+    assert message == (f"error: the training data changed since {checkpoint} was saved ({corpus}: other text in the "
+                       f"64 pairs sampled): the resumed run would go on with its tokenizer and position in the data "
+                       f"on other pairs; resume with the data it was trained on, start a new --output_dir, or add "
+                       f"--ignore_data_changes to continue on the new data")
+    assert digests(checkpoint) == before and not (run_dir / "checkpoint-4").exists()
+    argv = quick_flags(run_dir, max_steps=4, **flags, resume_from_checkpoint="latest", ignore_data_changes=True)
+    assert main(argv, MODEL_CARD_TEMPLATE) == 0
+    old, new = read_run_state(checkpoint).data_fingerprint, read_run_state(run_dir / "checkpoint-4").data_fingerprint
+    assert new["sample_sha256"] != old["sample_sha256"] and new["pairs"] == old["pairs"]
+
+
+def test_max_steps_below_the_checkpoint_is_refused_before_any_work(finished_run, capsys):
+    before = digests(finished_run / "checkpoint-4")
+    message = fails_with(tiny_run_flags(finished_run, max_steps=3, resume_from_checkpoint="latest"), capsys)
+    assert message == (f"error: checkpoint {finished_run / 'checkpoint-4'} is at step 4, past the 3 steps this run is "
+                       f"set to (--max_steps, or --num_train_epochs): the resumed run would save that longer-trained "
+                       f"model as its result; raise --max_steps to train on from step 4, or resume from a "
+                       f"checkpoint-N with N <= 3")
+    assert digests(finished_run / "checkpoint-4") == before
 
 
 # ----------------------------------------------------------------------------------------------------------- averaging
@@ -117,54 +149,3 @@ def test_checkpoint_averaging(tmp_path):
     torch.testing.assert_close(final["model.shared.weight"], sum(p["model.shared.weight"] for p in parts) / 3)
     card = (tmp_path / "README.md").read_text()  # the model card states what the final weights are
     assert "Final weights: the average of the last 3 checkpoints (checkpoint-4, checkpoint-6, checkpoint-8)" in card
-
-
-# ------------------------------------------------------------------------------------------------------------ the lock
-
-
-def test_a_stale_lock_is_taken_over_and_the_lock_is_released_after_the_run(tmp_path):
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()  # a pid that existed and is gone
-    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": dead.pid, "hostname": platform.node()}))
-    run_quick(tmp_path, max_steps=2, save_steps=0, eval_steps=0)
-    assert not (tmp_path / LOCK_FILE).exists()
-    assert (tmp_path / "model.safetensors").is_file()
-
-
-def test_a_second_concurrent_run_is_refused_and_the_first_one_goes_on(tmp_path):
-    """Two real runs into one directory: while the first holds the lock, the second exits 2 and writes nothing; the
-    first is then stopped with SIGINT and saves a checkpoint that exists."""
-    trace_dir = tmp_path.parent / f"{tmp_path.name}-trace"
-    trace_dir.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", BATCH_TRACE_VARIABLE: str(trace_dir),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    first = subprocess.Popen([sys.executable, str(REPO / "train.py"),
-                              *quick_flags(tmp_path, max_steps=100_000, save_steps=0, eval_steps=0)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
-    try:
-        deadline = time.time() + 120
-        while not (tmp_path / LOCK_FILE).exists() and time.time() < deadline:
-            time.sleep(0.1)
-        before = sorted(path.name for path in tmp_path.iterdir())
-        second = subprocess.run([sys.executable, str(REPO / "train.py"), *quick_flags(tmp_path, max_steps=2)],
-                                capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-        assert second.returncode == 2, second.stderr[-2000:]
-        message = second.stderr.strip().splitlines()[-1]
-        assert message.startswith(f"error: output directory {tmp_path} is in use by another run (pid {first.pid} on ")
-        assert first.poll() is None, "the first run must still be training"
-        after = sorted(path.name for path in tmp_path.iterdir() if not path.name.startswith("checkpoint-"))
-        assert set(after) <= set(before) | {".tokenizer"}
-        trace = trace_dir / "rank-0.jsonl"
-        while not (trace.exists() and trace.stat().st_size) and first.poll() is None and time.time() < deadline:
-            time.sleep(0.1)  # the first run is in its training loop once it has recorded a batch
-        first.send_signal(2)  # SIGINT
-        _, first_err = first.communicate(timeout=300)
-    finally:
-        if first.poll() is None:
-            first.kill()
-    assert first.returncode == 130, first_err[-2000:]
-    stop = first_err.strip().splitlines()[-1]
-    assert stop.startswith("interrupted: SIGINT received: checkpoint saved at step")
-    saved = stop.split(" in ")[-1].split(";")[0]
-    assert list_checkpoints(tmp_path)[-1] == Path(saved)
-    assert not (tmp_path / LOCK_FILE).exists()

@@ -10,7 +10,7 @@ from helpers import CORPUS_PAIRS, fails_with, pair_records, saved_files, tiny_ru
 from transformers import DataCollatorForSeq2Seq
 
 import hf_scratch_transformer.data as data
-from hf_scratch_transformer.arguments import check_arguments, parse_arguments
+from hf_scratch_transformer.arguments import check_values, parse_arguments
 from hf_scratch_transformer.data import (
     CorpusError,
     DataArguments,
@@ -24,6 +24,7 @@ from hf_scratch_transformer.data import (
     preprocess_corpus,
     sequence_lengths,
 )
+from hf_scratch_transformer.run_directory import check_output_dir
 from hf_scratch_transformer.tokenization import train_tokenizer_on_corpus
 
 DATA_CARD = Path(data.CORPUS_DIR) / "README.md"
@@ -410,7 +411,9 @@ def test_broken_corpus_stops_with_one_line_naming_the_problem(case, tmp_path, ca
         assert part in message, (part, message)
     assert saved_files(output_dir) == []  # no model, no checkpoint: nothing half-written
     # ... and the same command, corrected, is not refused because of what the failed run left behind.
-    check_arguments(*parse_arguments(tiny_run_flags(output_dir)))
+    model_args, data_args, args = parse_arguments(tiny_run_flags(output_dir))
+    check_values(model_args, data_args, args)
+    check_output_dir(args)
 
 
 def test_null_missing_and_empty_sentences_are_skipped_and_counted(tmp_path):

@@ -19,8 +19,8 @@ from helpers import MODEL_CARD_TEMPLATE, REPO, fails_with, quick_flags, run_quic
 from safetensors.torch import load_file
 
 from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
-from hf_scratch_transformer.checkpointing import CHECKPOINT_COMPLETE, LOCK_FILE
 from hf_scratch_transformer.loop import BATCH_TRACE_VARIABLE, TrainingLoop
+from hf_scratch_transformer.run_directory import CHECKPOINT_COMPLETE, LOCK_FILE
 from hf_scratch_transformer.training import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores

@@ -25,7 +25,7 @@ from hf_scratch_transformer import (
     translate,
     translation_pipeline,
 )
-from hf_scratch_transformer.checkpointing import LEGACY_TRAINER_STATE, TRAINER_STATE, resolve_checkpoint
+from hf_scratch_transformer.run_directory import RUN_STATE_FILE
 from hf_scratch_transformer.training import main
 from hf_scratch_transformer.translate import ModelLoadError, generate_ids, load_model_and_tokenizer
 
@@ -217,17 +217,10 @@ def test_eval_or_predict_without_a_model_is_refused(tmp_path, capsys):
     assert "--model_name_or_path" in capsys.readouterr().err
 
 
-def test_run_state_has_its_own_name_and_old_checkpoints_still_resume(finetuned, tmp_path):
+def test_run_state_has_its_own_name(finetuned):
+    """Not transformers' `trainer_state.json` (TrainerState), which it is not."""
     checkpoint = finetuned / "checkpoint-2"
-    assert (checkpoint / TRAINER_STATE).is_file() and not (checkpoint / LEGACY_TRAINER_STATE).exists()
-    assert TRAINER_STATE != "trainer_state.json"
-    old = tmp_path / "checkpoint-2"
-    old.mkdir()
-    # a checkpoint of the version before the rename: no completion marker, and no world_size in its run state
-    state = json.loads((checkpoint / TRAINER_STATE).read_text())
-    del state["world_size"], state["settings"]
-    (old / LEGACY_TRAINER_STATE).write_text(json.dumps(state))
-    assert resolve_checkpoint("latest", tmp_path) == old
+    assert (checkpoint / RUN_STATE_FILE).is_file() and not (checkpoint / "trainer_state.json").exists()
 
 
 # ----------------------------------------------------------------------------------------------------- quiet runs

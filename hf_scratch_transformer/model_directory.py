@@ -1,55 +1,34 @@
-"""What a run leaves in its output directory, and the hub upload.
+"""The Hub-format model directory a run leaves in its output directory (weights, config, tokenizer, result files,
+history, curves, model card), the facts of its model card, and the hub upload.
 
-The Hub-format directory (weights, config, tokenizer, result files, history, curves, model card) is written into a
-hidden staging folder and moved in file by file, so a failed save leaves the previous model as it was. The hidden
-folders a run creates in its output directory are named here and nowhere else: `.tokenizer` (the tokenizer trained
-during setup, until the model is saved) and `.staging-*` (a save in progress).
+Everything is written into a hidden staging folder of the run directory and moved in file by file, so a failed save
+leaves the previous model as it was; a failed write ends in one line (run_directory.guarded_write).
 """
 
 import json
 import logging
 import os
 import platform
-import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import transformers
 from huggingface_hub import HfApi
 
-from .checkpointing import ABANDONED_PREFIX, LOCK_FILE
 from .errors import TrainingFault
 from .model_card import render_model_card
 from .plotting import plot_training_curves
+from .run_directory import (
+    ALL_RESULTS_FILE,
+    HUB_IGNORE,
+    PREDICTIONS_FILE,
+    remove_quietly,
+    results_file,
+    staging_folder,
+    tokenizer_staging,
+)
 
 logger = logging.getLogger("hf_scratch_transformer")
-
-TOKENIZER_STAGING = ".tokenizer"
-STAGING_PREFIX = ".staging-"
-HUB_IGNORE = ["checkpoint-*", "checkpoint-*/**", f"{STAGING_PREFIX}*", f"{TOKENIZER_STAGING}/**", "runs/**",
-              LOCK_FILE, f"{ABANDONED_PREFIX}*/**"]  # what a run keeps in output_dir that is not the model
-
-
-def is_staging(path: Path) -> bool:
-    """A hidden folder of a run (`.tokenizer`, `.staging-*`): nothing in it is lost when it is removed."""
-    return path.name.startswith((TOKENIZER_STAGING, STAGING_PREFIX))
-
-
-def tokenizer_staging(output_dir: Path) -> Path:
-    """Where the tokenizer trained during setup waits (for every process to load it) until the model is saved."""
-    return output_dir / TOKENIZER_STAGING
-
-
-@contextmanager
-def staging_folder(output_dir: Path):
-    """A fresh hidden folder in output_dir (same file system: its files can be moved in atomically), removed after."""
-    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=output_dir))
-    try:
-        yield staging
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------------- result files
@@ -58,28 +37,32 @@ def staging_folder(output_dir: Path):
 def result_files(results: dict, phases: dict, predictions: list[str] | None) -> dict[str, str]:
     """run_translation.py's result files: {train,eval,predict}_results.json, all_results.json (`results`) and
     generated_predictions.txt (one line per test source, in order)."""
-    files = {f"{phase}_results.json": json.dumps(values, indent=2) for phase, values in phases.items() if values}
-    files["all_results.json"] = json.dumps(results, indent=2)
+    files = {results_file(phase): json.dumps(values, indent=2) for phase, values in phases.items() if values}
+    files[ALL_RESULTS_FILE] = json.dumps(results, indent=2)
     if predictions is not None:
-        files["generated_predictions.txt"] = "".join(line + "\n" for line in predictions)
+        files[PREDICTIONS_FILE] = "".join(line + "\n" for line in predictions)
     return files
 
 
 def save_results(output_dir: Path, results: dict, phases: dict, predictions: list[str] | None) -> None:
     """Without training: write the result files into output_dir (all_results.json merged into an existing one,
-    as transformers' Trainer.save_metrics does)."""
-    output_dir.mkdir(parents=True, exist_ok=True)
-    previous = output_dir / "all_results.json"
+    as transformers' Trainer.save_metrics does), staged then moved in."""
+    previous = output_dir / ALL_RESULTS_FILE
     try:
         merged = {**json.loads(previous.read_text()), **results} if previous.is_file() else results
     except ValueError:
         merged = results
-    try:
+    kept = "the files there before are unchanged"
+    with staging_folder(output_dir, "the result files", kept=kept, then="run the same command again") as staging:
         for name, text in result_files(merged, phases, predictions).items():
-            (output_dir / name).write_text(text, encoding="utf-8")
-    except OSError as error:
-        raise TrainingFault(f"could not write the results into {output_dir} ({type(error).__name__}: "
-                            f"{error})") from error
+            (staging / name).write_text(text, encoding="utf-8")
+        _move_in(staging, output_dir)
+
+
+def _move_in(staging: Path, output_dir: Path) -> None:
+    """Move every file of a staging folder into output_dir (a rename on the same file system: no space needed)."""
+    for path in staging.iterdir():
+        os.replace(path, output_dir / path.name)
 
 
 # ------------------------------------------------------------------------------------------- the model directory
@@ -91,27 +74,18 @@ def save_model(output_dir: Path, model, tokenizer, files: dict[str, str], histor
     training_history.json and training_curves.png, staged then moved in file by file; the tokenizer staged during
     setup is removed once the model is saved."""
     model.config.use_cache = True
-    moving = False
-    try:
-        with staging_folder(output_dir) as staging:
-            model.save_pretrained(staging)
-            tokenizer.save_pretrained(staging)
-            for name, text in files.items():
-                (staging / name).write_text(text, encoding="utf-8")
-            (staging / "training_history.json").write_text(json.dumps(history, indent=1))
-            plot_training_curves(history, staging / "training_curves.png")
-            moving = True
-            for path in staging.iterdir():
-                os.replace(path, output_dir / path.name)
-    except OSError as error:
-        before = ("were partly replaced" if moving else "are unchanged")
-        kept = f"the last checkpoint is {last_checkpoint}" if last_checkpoint else "no checkpoint"
-        raise TrainingFault(
-            f"could not save the final model in {output_dir} ({type(error).__name__}: {error}); the model "
-            f"files there before this save {before} and {kept}: free space or fix permissions, then run "
-            f"again with --resume_from_checkpoint latest"
-        ) from error
-    shutil.rmtree(tokenizer_staging(output_dir), ignore_errors=True)
+    kept = (f"the model files there before this save are unchanged and the last checkpoint is {last_checkpoint}"
+            if last_checkpoint else "the model files there before this save are unchanged")
+    with staging_folder(output_dir, "the final model", needed=model.get_memory_footprint(return_buffers=False),
+                        kept=kept, then="run again with --resume_from_checkpoint latest") as staging:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        for name, text in files.items():
+            (staging / name).write_text(text, encoding="utf-8")
+        (staging / "training_history.json").write_text(json.dumps(history, indent=1))
+        plot_training_curves(history, staging / "training_curves.png")
+        _move_in(staging, output_dir)
+    remove_quietly(tokenizer_staging(output_dir))
 
 
 # ------------------------------------------------------------------------------------------------- the model card
@@ -137,7 +111,9 @@ def model_card(template: str | Path, *, model, model_args, data_args, args, resu
         lr_scheduler=args.lr_scheduler_type, label_smoothing=args.label_smoothing_factor,
         dropout=(f"{config.dropout} (attention {config.attention_dropout}, after the feed-forward activation "
                  f"{config.activation_dropout})"),
-        final_weights=_final_weights(results), training_end=results.get("stop_detail") or "not recorded", decoding=_decoding(args), max_grad_norm=args.max_grad_norm, batching=_batching(data_args, args), steps=state.global_step,
+        final_weights=_final_weights(results), training_end=results.get("stop_detail") or "not recorded",
+        decoding=_decoding(args), max_grad_norm=args.max_grad_norm, batching=_batching(data_args, args),
+        steps=state.global_step,
         epochs=round(results.get("epoch", state.epoch), 2), train_tokens=f"{state.train_tokens:,}",
         hardware=hardware, train_time=f"{results['train_runtime'] / 60:.1f} minutes",
         software=(f"hf-scratch-transformer, PyTorch {torch.__version__}, transformers {transformers.__version__}, "
@@ -258,7 +234,7 @@ def push_during_training(args, output_dir: Path, model, tokenizer, checkpoint: P
     try:
         if args.hub_strategy == "checkpoint":
             push_to_hub(args, output_dir, checkpoint, "last-checkpoint", f"Checkpoint at step {step}")
-        with staging_folder(output_dir) as staging:
+        with staging_folder(output_dir, "a snapshot for the hub") as staging:
             model.save_pretrained(staging)
             tokenizer.save_pretrained(staging)
             push_to_hub(args, output_dir, staging, None, f"Model at step {step}")

@@ -1,37 +1,10 @@
-"""export.py: the output directory is written whole or not at all, in safetensors only; the hub push fails cleanly."""
+"""model_directory.py: the model directory is in safetensors only, with the code trust_remote_code runs; the hub
+push fails cleanly. (A failed final save on a real full disk: test_run_directory.py.)"""
 
-import os
-import shutil
-
-from helpers import MODEL_CARD_TEMPLATE, digests, fails_with, tiny_run_flags
+from helpers import MODEL_CARD_TEMPLATE, tiny_run_flags
 from transformers import AutoModelForSeq2SeqLM
 
-from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
 from hf_scratch_transformer.training import main
-from hf_scratch_transformer.translate import load_model_and_tokenizer
-
-
-def test_failed_final_save_leaves_the_previous_model_intact(finished_run, tmp_path, capsys, monkeypatch):
-    run_dir = tmp_path / "run"
-    shutil.copytree(finished_run, run_dir)
-    before = digests(run_dir)
-    real_save = ScratchTransformerForConditionalGeneration.save_pretrained
-
-    def disk_full(self, directory, *args, **kwargs):
-        if os.path.basename(str(directory)).startswith(".staging-"):
-            real_save(self, directory, *args, **kwargs)  # a partial write, then the failure
-            raise OSError(28, "No space left on device")
-        return real_save(self, directory, *args, **kwargs)
-
-    monkeypatch.setattr(ScratchTransformerForConditionalGeneration, "save_pretrained", disk_full)
-    message = fails_with(tiny_run_flags(run_dir, max_steps=2, save_steps=0, eval_steps=0, overwrite_output_dir=True,
-                                        max_predict_samples=4), capsys, code=1)
-    assert message.startswith(f"training stopped: could not save the final model in {run_dir}")
-    assert "No space left on device" in message and "before this save are unchanged" in message
-    assert f"the last checkpoint is {run_dir / 'checkpoint-2'}" in message
-    assert digests(run_dir) == before  # every file of the previous model, byte for byte
-    assert not list(run_dir.glob(".staging-*"))
-    load_model_and_tokenizer(run_dir)
 
 
 def test_weights_are_written_only_as_safetensors(finished_run):
