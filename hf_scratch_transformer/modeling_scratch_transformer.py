@@ -323,11 +323,12 @@ class ScratchTransformerPreTrainedModel(PreTrainedModel):
         return dict(self._tied_weights_keys or {})
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """`PreTrainedModel.save_pretrained`, plus the translation pipeline's code beside the model's code."""
+        """`PreTrainedModel.save_pretrained`, plus the translation pipeline's code (and the translation core it
+        imports) beside the model's code."""
         super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
-            target = Path(save_directory) / "pipeline_translation.py"
-            shutil.copyfile(Path(__file__).with_name("pipeline_translation.py"), target)
+            for name in ("pipeline_translation.py", "translation_core.py"):
+                shutil.copyfile(Path(__file__).with_name(name), Path(save_directory) / name)
 
 
 class TransformerStack(ScratchTransformerPreTrainedModel):
