@@ -274,10 +274,15 @@ def _check_export_target(model_dir, output_dir, quantization: str, force: bool) 
     if quantization not in QUANTIZATIONS:
         raise CT2ExportError(f"unknown quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
     output = Path(output_dir).expanduser()
-    if output.exists() and not output.is_dir():
-        raise CT2ExportError(f"--output_dir {output} exists and is not a directory")
-    if output.is_dir() and any(output.iterdir()) and not force:
-        raise CT2ExportError(f"--output_dir {output} is not empty (use --force to overwrite)")
+    try:
+        if output.exists() and not output.is_dir():
+            raise CT2ExportError(f"--output_dir {output} exists and is not a directory")
+        if output.is_dir() and any(output.iterdir()) and not force:
+            raise CT2ExportError(f"--output_dir {output} is not empty (use --force to overwrite)")
+    except OSError as error:  # a name too long, a folder that cannot be listed
+        from .cli import describe_write_error
+
+        raise CT2WriteError(*describe_write_error(error, "the CTranslate2 model", output)) from None
     if Path(model_dir).expanduser().resolve() == output.resolve():
         raise CT2ExportError("--output_dir must differ from --model (both would hold a config.json)")
     return output

@@ -94,6 +94,12 @@ def locate_model(name_or_path: str | os.PathLike) -> tuple[str, bool]:
     """
     name = os.fspath(name_or_path)
     path = Path(name).expanduser()
+    try:
+        path.stat()
+    except FileNotFoundError:
+        pass
+    except OSError as error:  # a name too long, a loop of links, no permission
+        raise ModelLoadError(f"cannot open the model directory {name}: {error.strerror or error}") from None
     if path.is_dir():
         return str(path), False
     if path.exists():
@@ -171,9 +177,11 @@ def load_tokenizer(source: str, name: str, local_files_only: bool = False):
     try:
         return AutoTokenizer.from_pretrained(source, trust_remote_code=False, local_files_only=local_files_only)
     except Exception as error:  # noqa: BLE001  (tokenizers raises a bare Exception for a malformed file)
-        reason = " ".join(str(error).split())[:200] or type(error).__name__
-        raise ModelLoadError(f"the tokenizer in {name} cannot be read ({type(error).__name__}: {reason}): copy the "
-                             f"tokenizer files saved with the model (tokenizer.json, tokenizer_config.json) again") from None
+        reason = f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+        if not Path(source).is_dir():
+            raise ModelLoadError(f"cannot load the tokenizer of {name} from the hub ({reason})") from None
+        raise ModelLoadError(f"the tokenizer in {name} cannot be read ({reason}): copy the tokenizer files saved "
+                             f"with the model (tokenizer.json, tokenizer_config.json) again") from None
 
 
 def check_model_dir(path: Path, name: str) -> None:
@@ -244,7 +252,7 @@ def check_loaded_model(model, tokenizer, info: dict, name: str) -> None:
     """The weights fit the config (no tensor missing, extra or of another shape), hold only finite numbers, and the
     tokenizer fits the embeddings (exactly, for this package's models: train.py saves them equal)."""
     _check_tensor_names(model, info, name)
-    mismatched = list(info.get("mismatched_keys") or [])
+    mismatched = sorted(info.get("mismatched_keys") or [])
     if mismatched:
         key, in_file, in_model = mismatched[0]
         raise ModelLoadError(

@@ -458,12 +458,12 @@ def _expect_result(call, expected) -> str:
 
 def _oov(ws: Workspace) -> str:
     from hf_scratch_transformer.tokenization import train_bpe_tokenizer
-    from hf_scratch_transformer.translate import generate_ids
+    from hf_scratch_transformer.translate import translate
 
     model = _pipeline(ws).model
     bigger = train_bpe_tokenizer([text for pair in PAIRS for text in pair] * 3, vocab_size=800)
     text = "In the beginning God created the heavens and the earth."
-    return _expect_value_error(lambda: generate_ids(model, bigger, [text]), "outside the model's vocabulary",
+    return _expect_value_error(lambda: translate(model, bigger, [text]), "outside the model's vocabulary",
                                "0..399")
 
 
