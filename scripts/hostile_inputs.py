@@ -436,16 +436,17 @@ def _pipeline(ws: Workspace):
     return ws._pipeline
 
 
-def _expect_value_error(call, *parts) -> str:
+def _expect_value_error(call, *parts, kind: type = ValueError) -> str:
+    """`call()` raises `kind` (ValueError unless given) with a one-line message naming every part."""
     try:
         call()
-    except ValueError as error:
+    except kind as error:
         message = str(error)
         if "\n" in message or any(part not in message for part in parts):
-            raise Failure(f"ValueError without {parts} on one line: {message!r}") from None
+            raise Failure(f"{kind.__name__} without {parts} on one line: {message!r}") from None
         return message
     except Exception as error:  # noqa: BLE001
-        raise Failure(f"{type(error).__name__} instead of a ValueError: {error}") from None
+        raise Failure(f"{type(error).__name__} instead of a {kind.__name__}: {error}") from None
     raise Failure("no error")
 
 

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from hostile_inputs import Case, Failure, Workspace, one_line
+from hostile_inputs import Case, Failure, Workspace, _expect_value_error, one_line
 
 CATEGORY = "translation"
 
@@ -228,19 +228,6 @@ STREAM_CASES = [Case("stdout_is_dev_full", CATEGORY, _full_stdout),
 
 
 # ------------------------------------------------------------------------------------------ API and pipeline
-def _raises(call, kind: type, *parts) -> str:
-    try:
-        call()
-    except kind as error:
-        message = str(error)
-        if "\n" in message or any(part not in message for part in parts):
-            raise Failure(f"{kind.__name__} without {parts} on one line: {message!r}") from None
-        return message
-    except Exception as error:  # noqa: BLE001
-        raise Failure(f"{type(error).__name__} instead of {kind.__name__}: {error}") from None
-    raise Failure("no error")
-
-
 def _loaded(ws: Workspace):
     from hf_scratch_transformer.translate import load_model_and_tokenizer
 
@@ -254,7 +241,7 @@ def _api(texts, kind, *parts, **options):
         from hf_scratch_transformer.translate import translate
 
         model, tokenizer = _loaded(ws)
-        return _raises(lambda: translate(model, tokenizer, texts, **options), kind, *parts)
+        return _expect_value_error(lambda: translate(model, tokenizer, texts, **options), *parts, kind=kind)
     return check
 
 
@@ -262,7 +249,7 @@ def _pipeline_none(ws: Workspace) -> str:
     from hf_scratch_transformer import translation_pipeline
 
     pipe = translation_pipeline(*_loaded(ws))
-    return _raises(lambda: pipe(["Jesus wept.", None]), TypeError, "texts[1] is None")
+    return _expect_value_error(lambda: pipe(["Jesus wept.", None]), "texts[1] is None", kind=TypeError)
 
 
 def _ct2_export_name_too_long(ws: Workspace) -> str:
