@@ -1,4 +1,5 @@
-"""Export a trained model to CTranslate2, and translate with the exported directory.
+"""CTranslate2: export a trained model (`export_ct2`, `hf-scratch-export-ct2`), and translate with the exported
+directory (`CT2Backend`, a backend of the translation core: `hf-scratch-translate --backend ct2`).
 
     hf-scratch-export-ct2 --model outputs/scratch-small-en-es --output_dir outputs/scratch-small-en-es-ct2
     hf-scratch-export-ct2 --model outputs/scratch-small-en-es --output_dir outputs/ct2-int8 --quantization int8
@@ -95,12 +96,13 @@ def unexpressible_settings(config) -> list[str]:
 def vocabulary_tokens(tokenizer, size: int) -> list[str]:
     """The tokenizer's tokens in id order, `size` of them: ids the tokenizer lacks (embeddings padded to a
     multiple) get unique placeholders, which the model never sees in input and practically never generates."""
+    from .translation_core import check_tokenizer_fits
+
+    try:
+        check_tokenizer_fits(tokenizer, size)
+    except ValueError as error:
+        raise CT2ExportError(str(error)) from None
     by_id = {index: token for token, index in tokenizer.get_vocab().items()}
-    if len(by_id) > size or (by_id and max(by_id) >= size):
-        raise CT2ExportError(
-            f"the tokenizer has {len(by_id)} tokens (largest id {max(by_id)}) but the model only {size} embeddings: "
-            f"the tokenizer files belong to another model"
-        )
     taken = set(by_id.values())
     tokens = []
     for index in range(size):
@@ -373,13 +375,9 @@ class CT2Backend:
         has_config = (path / "generation_config.json").is_file()
         self.generation_config = GenerationConfig.from_pretrained(str(path)) if has_config else GenerationConfig()
         _check_generation_config(self.generation_config)
-        info_file = path / INFO_FILE
-        info = json.loads(info_file.read_text(encoding="utf-8")) if info_file.is_file() else {}
-        vocabulary_file = path / "shared_vocabulary.json"
-        if vocabulary_file.is_file():
-            self.tokens = json.loads(vocabulary_file.read_text(encoding="utf-8"))
-        else:
-            self.tokens = vocabulary_tokens(self.tokenizer, len(self.tokenizer))
+        info = _read_json(path / INFO_FILE, {})
+        self.tokens = _read_json(path / "shared_vocabulary.json", None) or vocabulary_tokens(self.tokenizer,
+                                                                                              len(self.tokenizer))
         self.index = {token: i for i, token in enumerate(self.tokens)}
         self.vocab_size = len(self.tokens)
         self.max_positions = info.get("max_position_embeddings")
@@ -392,10 +390,11 @@ class CT2Backend:
                  with_scores: bool) -> list[list[tuple[list[int], float | None]]]:
         """Per source, `num_return_sequences` (token ids, score) pairs, best first; `bounds` are all equal."""
         gc = self.generation_config
+        min_new_tokens = gc.min_new_tokens if gc.min_new_tokens is not None else max((gc.min_length or 0) - 1, 0)
         results = self.translator.translate_batch(
             [[self.tokens[token_id] for token_id in ids] for ids in source_ids],
             beam_size=num_beams, num_hypotheses=num_return_sequences, max_decoding_length=max(bounds),
-            min_decoding_length=gc.min_new_tokens if gc.min_new_tokens is not None else max((gc.min_length or 0) - 1, 0),
+            min_decoding_length=min_new_tokens,
             length_penalty=gc.length_penalty if gc.length_penalty is not None else 1.0,
             repetition_penalty=gc.repetition_penalty if gc.repetition_penalty is not None else 1.0,
             no_repeat_ngram_size=gc.no_repeat_ngram_size or 0, patience=1, return_scores=with_scores,
@@ -405,6 +404,16 @@ class CT2Backend:
         return [[([self.index[token] for token in hypothesis], score if with_scores else None)
                  for hypothesis, score in zip(result.hypotheses, result.scores or [None] * len(result.hypotheses))]
                 for result in results]
+
+
+def _read_json(path: Path, default):
+    """The JSON in `path`, `default` when there is no such file; a file that is not JSON is named in one line."""
+    if not path.is_file():
+        return default
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise CT2ExportError(f"{path} is not readable JSON ({error}): export the model again") from None
 
 
 def _check_ct2_dir(path: Path, name) -> None:

@@ -342,7 +342,8 @@ class TorchBackend:
         start = decoder_start_token(self.model)
         # cut to the source's own bound: beam search may fill a row past its end while other rows go on
         row_bounds = [bound for bound in bounds for _ in range(num_return_sequences)]
-        sequences = [strip_generated(ids, config, start)[:bound] for ids, bound in zip(output.sequences.tolist(), row_bounds)]
+        sequences = [strip_generated(ids, config, start)[:bound]
+                     for ids, bound in zip(output.sequences.tolist(), row_bounds)]
         scores = self._scores(output, sequences, num_beams) if with_scores else [None] * len(sequences)
         pairs = list(zip(sequences, scores))
         return [pairs[i : i + num_return_sequences] for i in range(0, len(pairs), num_return_sequences)]
