@@ -36,35 +36,41 @@ def test_split(source_lang="en", target_lang="es"):
     return [row[source_lang] for row in rows], [row[target_lang] for row in rows]
 
 
+def core_run(backend, tokenizer, max_new_tokens: int):
+    """run(texts, batch_size, num_beams) -> token ids per text, through the package's translation core, without
+    the length bound (the engines are compared at the same max_new_tokens)."""
+    from hf_scratch_transformer.translation_core import DecodingOptions, translate_batches
+
+    def run(texts, batch_size, num_beams=1):
+        options = DecodingOptions(num_beams=num_beams, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                  max_len_a=0, max_len_b=0)
+        return [found[0].token_ids if found else [] for found in translate_batches(backend, tokenizer, texts, options)]
+
+    return run
+
+
 def generate_engine(path: str, max_new_tokens: int):
     """This package's generate(): (run(texts, batch_size, num_beams), decode(ids), weights on disk, model)."""
     import transformers
 
-    from hf_scratch_transformer.translate import decode_ids, generate_ids, load_model_and_tokenizer
+    from hf_scratch_transformer.translate import load_model_and_tokenizer
+    from hf_scratch_transformer.translation_core import TorchBackend, decode_ids
 
     transformers.logging.set_verbosity_error()
     model, tokenizer = load_model_and_tokenizer(path, "cpu")
-
-    def run(texts, batch_size, num_beams=1):
-        return generate_ids(model, tokenizer, texts, batch_size=batch_size, num_beams=num_beams,
-                            max_new_tokens=max_new_tokens)
-
     size = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+    run = core_run(TorchBackend(model), tokenizer, max_new_tokens)
     return run, lambda ids: decode_ids(tokenizer, ids), size, model
 
 
 def ct2_engine(path: str, threads: int, max_new_tokens: int):
     """A CTranslate2 export: (run, decode, weights on disk, None)."""
-    from hf_scratch_transformer.export_ct2 import CT2Translator
-    from hf_scratch_transformer.translate import decode_ids
+    from hf_scratch_transformer.ct2 import CT2Backend
+    from hf_scratch_transformer.translation_core import decode_ids
 
-    translator = CT2Translator(path, device="cpu", intra_threads=threads)
-
-    def run(texts, batch_size, num_beams=1):
-        return translator.generate_ids(texts, batch_size=batch_size, num_beams=num_beams,
-                                       max_new_tokens=max_new_tokens)
-
-    return run, lambda ids: decode_ids(translator.tokenizer, ids), (Path(path) / "model.bin").stat().st_size, None
+    backend = CT2Backend(path, device="cpu", intra_threads=threads)
+    run = core_run(backend, backend.tokenizer, max_new_tokens)
+    return run, lambda ids: decode_ids(backend.tokenizer, ids), (Path(path) / "model.bin").stat().st_size, None
 
 
 def worker(engine: str, path: str, threads: int, batch1_sentences: int, max_new_tokens: int, beam: bool) -> dict:

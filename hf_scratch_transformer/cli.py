@@ -1,40 +1,64 @@
-"""`hf-scratch-translate`: translate from the command line, and optionally draw what the model attends to.
+"""`hf-scratch-translate`: translate from the command line, print n-best lists and alignments, draw attention.
 
     hf-scratch-translate --model runs/en-es "In the beginning God created the heavens and the earth."
     echo "Jesus wept." | hf-scratch-translate --model runs/en-es
     hf-scratch-translate --model runs/en-es --input_file test.en --output_file test.es --num_beams 5
+    hf-scratch-translate --model runs/en-es --nbest 3 --num_beams 5 --print_alignment "Jesus wept."
     hf-scratch-translate --model runs/en-es "Jesus wept." --attention attention.png
     hf-scratch-translate --backend ct2 --model runs/en-es-ct2 "Jesus wept."   # see hf-scratch-export-ct2
 
-Also runnable as `python -m hf_scratch_transformer.cli`. Errors (missing model, unreadable input) print one line on
-stderr and exit with status 2; `--debug` shows the traceback instead.
+Also runnable as `python -m hf_scratch_transformer.cli`. Lines are separated by \\n or \\r\\n only (a form feed or
+U+2028 inside a line stays in it), and line N of the output belongs to line N of the input. With --nbest or
+--print_alignment the output is one block per input line: `H-<line>\\t<score>\\t<translation>` per hypothesis, best
+first, each followed by `A-<line>\\t<source word>-<target word> ...` with --print_alignment (fairseq's format; line
+numbers from 1). Every decoding option is checked before the model is loaded. Errors print one line on stderr:
+exit status 2 for what the user can fix (a path, an option, a broken model), 1 for the environment (a full disk);
+a reader that closes the output early (`| head -1`) ends the command quietly with status 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+FLAGS = {"num_return_sequences": "--nbest"}  # core option -> this command's flag, where the names differ
 
 
 class CLIError(Exception):
-    """An error the user can fix (bad path, bad option): one line on stderr, exit status 2."""
+    """A failure told in one line on stderr: exit status 2 (the user can fix it) or 1 (the environment)."""
+
+    def __init__(self, message: str, exit_status: int = EXIT_USAGE):
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
+class StdoutClosed(Exception):
+    """The reader of standard output went away (`| head -1`): not an error."""
+
+
+class StdoutFault(CLIError):
+    """Standard output cannot be written (e.g. /dev/full)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf-scratch-translate",
         description="Translate text with a saved hf_scratch_transformer model (or any transformers seq2seq model). "
-        "Input comes from the TEXT arguments, else from --input_file, else from stdin, one sentence per line; "
-        "each input line gives exactly one output line (empty lines stay empty).",
+        "Input comes from the TEXT arguments, else from --input_file, else from stdin, one sentence per line "
+        "(lines end at \\n or \\r\\n); each input line gives exactly one output line (empty lines stay empty), or "
+        "one block with --nbest / --print_alignment.",
         epilog="examples:\n"
         "  hf-scratch-translate --model runs/en-es \"Jesus wept.\"\n"
         "  echo \"Jesus wept.\" | hf-scratch-translate --model runs/en-es\n"
         "  hf-scratch-translate --model runs/en-es --input_file test.en --output_file test.es --num_beams 5\n"
+        "  hf-scratch-translate --model runs/en-es --nbest 3 --num_beams 5 --print_alignment \"Jesus wept.\"\n"
         "  hf-scratch-translate --model runs/en-es \"Jesus wept.\" --attention attention.png",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -43,16 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="directory written by save_pretrained (or a hub id, where the hub is reachable)")
     parser.add_argument("--input_file", "-i", metavar="FILE", help="translate FILE (UTF-8), one sentence per line")
     parser.add_argument("--output_file", "-o", metavar="FILE",
-                        help="write translations to FILE instead of stdout (one line per input line)")
-    parser.add_argument("--num_beams", type=int, metavar="N", help="beam size (default: the model's generation_config)")
-    parser.add_argument("--max_new_tokens", type=int, metavar="N",
-                        help="longest translation in tokens (default: the model's generation_config)")
-    parser.add_argument("--max_len_a", type=float, default=1.5, metavar="A",
-                        help="bound each translation to A * source tokens + B new tokens (fairseq's max_len_a/b), "
-                        "within --max_new_tokens; 0 and 0 turn the bound off (default: 1.5)")
-    parser.add_argument("--max_len_b", type=float, default=10, metavar="B", help="see --max_len_a (default: 10)")
-    parser.add_argument("--batch_size", type=int, default=32, metavar="N",
-                        help="sentences per generate() call; inputs are sorted by length first (default: 32)")
+                        help="write translations to FILE instead of stdout (replaced only once complete)")
+    _add_decoding_arguments(parser)
+    parser.add_argument("--cpu_threads", type=int, default=0, metavar="N",
+                        help="CPU threads (default 0: measured while translating, fewer when other work slows the "
+                        "cores down)")
     parser.add_argument("--device", metavar="DEVICE",
                         help="cpu, cuda, cuda:1, mps... (default: cuda if available, else mps, else cpu)")
     parser.add_argument("--attention", metavar="PNG",
@@ -70,18 +89,84 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
+    """How to decode: beams, lengths, batches, n-best lists and alignments."""
+    from .translation_core import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B
+
+    parser.add_argument("--num_beams", type=int, metavar="N", help="beam size (default: the model's generation_config)")
+    parser.add_argument("--max_new_tokens", type=int, metavar="N",
+                        help="longest translation in tokens (default: the model's generation_config)")
+    parser.add_argument("--max_len_a", type=float, default=DEFAULT_MAX_LEN_A, metavar="A",
+                        help="bound each translation to A * source tokens + B new tokens (fairseq's max_len_a/b), "
+                        f"within --max_new_tokens; 0 and 0 turn the bound off (default: {DEFAULT_MAX_LEN_A:g})")
+    parser.add_argument("--max_len_b", type=float, default=DEFAULT_MAX_LEN_B, metavar="B",
+                        help=f"see --max_len_a (default: {DEFAULT_MAX_LEN_B:g})")
+    parser.add_argument("--batch_size", type=int, default=DEFAULT_BATCH_SIZE, metavar="N",
+                        help=f"sentences per batch; inputs are sorted by length first (default: {DEFAULT_BATCH_SIZE})")
+    parser.add_argument("--nbest", type=int, metavar="N",
+                        help="print the N best hypotheses of each input with their scores, as blocks of "
+                        "'H-<line>\\t<score>\\t<translation>' lines (N at most the beam size)")
+    parser.add_argument("--print_alignment", action="store_true",
+                        help="after each hypothesis, print 'A-<line>\\t<src>-<tgt> ...': the hard alignment from "
+                        "the cross-attention (argmax over the source of the heads' mean), special tokens left out; "
+                        "pytorch backend only")
+    parser.add_argument("--alignment_unit", choices=("words", "tokens"), default="words",
+                        help="what alignment indices count: whitespace-separated words (default) or tokens")
+    parser.add_argument("--alignment_layer", type=int, metavar="N",
+                        help="decoder layer whose cross-attention gives the alignment, 1 = first (default: the last)")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Lines in, lines out
+# --------------------------------------------------------------------------------------------------------------
+def split_lines(text: str) -> list[str]:
+    """The lines of `text`: separated by \\n or \\r\\n only (a lone \\r, form feed, U+0085, U+2028... stay inside
+    their line, where Python's `splitlines` would cut), with no empty line after a final line break."""
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def describe_write_error(error: OSError, what: str, path) -> tuple[str, int]:
+    """(one-line message, exit status) for an OSError writing `what` to `path` (None: standard output): a full
+    disk is the environment's fault (1); a path that cannot be written is the user's to change (2)."""
+    where = f"{what} {path}" if path is not None else what
+    if path is not None and not os.path.isabs(path) and not _working_directory_exists():
+        return f"cannot write {where}: the working directory was deleted; give an absolute path", EXIT_USAGE
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on device writing {where}: free some space, or write elsewhere", EXIT_FAILURE
+    reason = error.strerror or str(error)
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR,
+                       errno.ENOENT, errno.EEXIST):
+        return f"cannot write {where}: {reason}; choose another path", EXIT_USAGE
+    return f"cannot write {where}: {reason}", EXIT_FAILURE
+
+
 def _read_lines(path: str) -> list[str]:
     try:
-        with open(path, encoding="utf-8", newline=None) as handle:
-            return handle.read().splitlines()
+        with open(path, "rb") as handle:
+            data = handle.read()
     except FileNotFoundError:
         raise CLIError(f"input file not found: {path}") from None
     except IsADirectoryError:
         raise CLIError(f"input file is a directory: {path}") from None
-    except UnicodeDecodeError as error:
-        raise CLIError(f"input file is not valid UTF-8: {path} ({error.reason} at byte {error.start})") from None
     except OSError as error:
         raise CLIError(f"cannot read input file {path}: {error.strerror or error}") from None
+    try:
+        return split_lines(data.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise CLIError(f"input file is not valid UTF-8: {path} ({error.reason} at byte {error.start})") from None
+
+
+def _decode_stdin(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CLIError(f"standard input is not valid UTF-8 ({error.reason} at byte {error.start}): convert it, "
+                       f"e.g. `iconv -f latin1 -t utf-8`") from None
 
 
 def _read_stdin() -> list[str]:
@@ -89,77 +174,179 @@ def _read_stdin() -> list[str]:
     if sys.stdin is None:
         return []
     stream = getattr(sys.stdin, "buffer", None)
-    if stream is None:  # replaced by a text-only object (tests, embedding)
-        return sys.stdin.read().splitlines()
-    data = stream.read()
-    try:
-        return data.decode("utf-8").splitlines()
-    except UnicodeDecodeError as error:
-        raise CLIError(f"standard input is not valid UTF-8 ({error.reason} at byte {error.start}): convert it, "
-                       f"e.g. `iconv -f latin1 -t utf-8`") from None
+    return split_lines(sys.stdin.read() if stream is None else _decode_stdin(stream.read()))
 
 
-def _write_lines(path: str | None, lines: list[str]) -> None:
-    if path is None:
-        for line in lines:
-            sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-        return
+def _stdin_lines():
+    """The lines of an interactive standard input as they are typed (\\n-terminated only)."""
+    stream = getattr(sys.stdin, "buffer", None)
+    for raw in iter(stream.readline, b"") if stream is not None else sys.stdin:
+        text = _decode_stdin(raw) if isinstance(raw, bytes) else raw
+        yield text[:-1].removesuffix("\r") if text.endswith("\n") else text
+
+
+def _write_stdout(lines: list[str], flush: bool = True) -> None:
     try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8", newline="\n") as handle:
-            handle.writelines(line + "\n" for line in lines)
+        sys.stdout.write("".join(line + "\n" for line in lines))
+        if flush:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        raise StdoutClosed from None
     except OSError as error:
-        raise CLIError(f"cannot write output file {path}: {error.strerror or error}") from None
+        raise StdoutFault(*describe_write_error(error, "standard output", None)) from None
 
 
-def _attention_paths(base: str, line_numbers: list[int], every: bool) -> list[tuple[int, Path]]:
-    base_path = Path(base)
-    if not every:
-        return [(line_numbers[0], base_path)] if line_numbers else []
-    suffix = base_path.suffix or ".png"
-    return [(n, base_path.with_name(f"{base_path.stem}-{n}{suffix}")) for n in line_numbers]
-
-
-def _run(args: argparse.Namespace) -> int:
-    _check_options(args)
-    texts, interactive = _read_input(args)  # before loading the model: a wrong path fails fast
-    if not args.debug:
-        _quiet_libraries()
-    if args.backend == "ct2":
-        return _run_ct2(args, texts, interactive)
-    from .translate import ModelLoadError, load_model_and_tokenizer, pick_device
-
+def _write_file(path: str, lines: list[str]) -> None:
+    """All lines into `path` through a temporary file beside it, renamed into place: an earlier file of that name
+    stays whole until the new one is complete."""
+    target = Path(path)
+    partial = None
     try:
-        device = pick_device(args.device)
-    except ValueError as error:
-        raise CLIError(str(error)) from None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", newline="\n", dir=target.parent,
+                                         prefix=f".{target.name[:100]}.", suffix=".partial", delete=False) as handle:
+            partial = handle.name
+            handle.writelines(line + "\n" for line in lines)
+        os.replace(partial, target)
+    except OSError as error:
+        if partial is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+        raise CLIError(*describe_write_error(error, "output file", path)) from None
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null, so that what is still buffered cannot fail again at exit."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Options, model, output blocks
+# --------------------------------------------------------------------------------------------------------------
+def _decoding_options(args: argparse.Namespace):
+    """The core's options from the flags, checked before anything is loaded; a bad value names its flag."""
+    from .translation_core import DecodingOptions, InvalidOption
+
+    if args.nbest is not None and args.nbest < 1:
+        raise CLIError(f"--nbest must be a whole number >= 1, got {args.nbest}")
+    if args.cpu_threads < 0:
+        raise CLIError(f"--cpu_threads must be a whole number >= 0 (0: adapted to the load), got {args.cpu_threads}")
     try:
-        model, tokenizer = load_model_and_tokenizer(args.model, device)
-    except ModelLoadError as error:
-        raise CLIError(str(error)) from None
-    options = dict(batch_size=args.batch_size, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
-                   device=device, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
-    if interactive:  # a terminal: translate each line as it is typed
-        _translate_interactively(args, model, tokenizer, options)
-    else:
-        _translate_all(args, model, tokenizer, texts, options)
-    return EXIT_OK
+        return DecodingOptions(num_beams=args.num_beams, num_return_sequences=args.nbest or 1,
+                               max_new_tokens=args.max_new_tokens, max_len_a=args.max_len_a,
+                               max_len_b=args.max_len_b, batch_size=args.batch_size,
+                               with_scores=_block_output(args))
+    except InvalidOption as error:
+        raise CLIError(_flag_message(error)) from None
 
 
-def _check_options(args: argparse.Namespace) -> None:
-    if args.batch_size < 1:
-        raise CLIError(f"--batch_size must be at least 1, got {args.batch_size}")
-    if args.num_beams is not None and args.num_beams < 1:
-        raise CLIError(f"--num_beams must be at least 1, got {args.num_beams}")
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        raise CLIError(f"--max_new_tokens must be at least 1, got {args.max_new_tokens}")
-    if args.max_len_a < 0 or args.max_len_b < 0:
-        raise CLIError(f"--max_len_a and --max_len_b must be >= 0, got {args.max_len_a} and {args.max_len_b}")
+def _flag_message(error) -> str:
+    flag = FLAGS.get(error.name, f"--{error.name}")
+    return f"{flag} must be {error.requirement}, got {error.value!r}"
+
+
+def _block_output(args: argparse.Namespace) -> bool:
+    return args.nbest is not None or args.print_alignment
+
+
+def _check_combinations(args: argparse.Namespace) -> None:
     if args.text and args.input_file:
         raise CLIError("give either TEXT arguments or --input_file, not both")
     if args.attention_all and not args.attention:
         raise CLIError("--attention_all needs --attention PNG")
+    if (args.alignment_layer is not None or args.alignment_unit != "words") and not args.print_alignment:
+        raise CLIError("--alignment_layer and --alignment_unit need --print_alignment")
+    if args.backend == "ct2" and args.attention:
+        raise CLIError("--attention needs the default backend (CTranslate2 returns no attention weights here)")
+    if args.backend == "ct2" and args.print_alignment:
+        raise CLIError("--print_alignment needs the default backend (the alignment is read from the PyTorch model's "
+                       "cross-attention): drop --backend ct2")
+
+
+def _load(args: argparse.Namespace, options):
+    """(backend, tokenizer, model or None for ct2); the beam size and --alignment_layer checked against them."""
+    if args.backend == "ct2":
+        backend = _load_ct2(args)
+        tokenizer, model = backend.tokenizer, None
+    else:
+        from .cpu_threads import thread_tuner
+        from .translate import ModelLoadError, load_model_and_tokenizer, pick_device
+        from .translation_core import TorchBackend
+
+        try:
+            model, tokenizer = load_model_and_tokenizer(args.model, pick_device(args.device))
+        except (ModelLoadError, ValueError) as error:
+            raise CLIError(str(error)) from None
+        backend = TorchBackend(model)
+        backend.threads = thread_tuner(next(model.parameters()).device, "translation", args.cpu_threads)
+        if backend.threads is not None:
+            backend.threads.activate()
+    from .translation_core import InvalidOption
+
+    try:
+        options.beams(backend.generation_config)
+    except InvalidOption as error:
+        raise CLIError(_flag_message(error)) from None
+    layers = getattr(getattr(model, "config", None), "decoder_layers", None)
+    if args.alignment_layer is not None and layers and not 1 <= args.alignment_layer <= layers:
+        raise CLIError(f"--alignment_layer must be a decoder layer, 1 to {layers}, got {args.alignment_layer}")
+    return backend, tokenizer, model
+
+
+def _load_ct2(args: argparse.Namespace):
+    from .ct2 import CT2Backend, CT2ExportError, ct2_device
+    from .translate import ModelLoadError
+
+    try:
+        device, device_index = ct2_device(args.device)
+        backend = CT2Backend(args.model, device=device, device_index=device_index, intra_threads=args.cpu_threads)
+    except (CT2ExportError, ModelLoadError) as error:
+        raise CLIError(str(error)) from None
+    config = backend.generation_config
+    beams = args.num_beams if args.num_beams is not None else (config.num_beams or 1)
+    if beams > 1 and config.early_stopping is not True:
+        print("note: CTranslate2's beam search stops when num_beams hypotheses have ended, as generate() does with "
+              f"early_stopping=True; this model's generation_config has early_stopping={config.early_stopping!r}",
+              file=sys.stderr)
+    return backend
+
+
+def _block(line_number: int, source: str, hypotheses, args: argparse.Namespace, model, tokenizer) -> list[str]:
+    """The output lines of one input: its translation, or with --nbest / --print_alignment its H (and A) lines."""
+    if not _block_output(args):
+        return [hypotheses[0].text if hypotheses else ""]
+    if not hypotheses:  # an empty input line: one empty hypothesis keeps the line visible
+        return [f"H-{line_number}\t\t"] + ([f"A-{line_number}\t"] if args.print_alignment else [])
+    from .translation_core import format_alignment, hard_alignment
+
+    lines = []
+    for hypothesis in hypotheses:
+        lines.append(f"H-{line_number}\t{hypothesis.score:.4f}\t{hypothesis.text}")
+        if args.print_alignment:
+            layer = -1 if args.alignment_layer is None else args.alignment_layer - 1
+            pairs = hard_alignment(model, tokenizer, source, hypothesis.token_ids, layer, args.alignment_unit)
+            lines.append(f"A-{line_number}\t{format_alignment(pairs)}")
+    return lines
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------------------------
+def _run(args: argparse.Namespace) -> int:
+    options = _decoding_options(args)  # every value checked before the model is loaded
+    _check_combinations(args)
+    texts, interactive = _read_input(args)  # before loading the model: a wrong path fails fast
+    if not args.debug:
+        _quiet_libraries()
+    backend, tokenizer, model = _load(args, options)
+    if interactive:  # a terminal: translate each line as it is typed
+        _translate_interactively(args, backend, tokenizer, model, options)
+    else:
+        _translate_all(args, backend, tokenizer, model, texts, options)
+    return EXIT_OK
 
 
 def _read_input(args: argparse.Namespace) -> tuple[list[str], bool]:
@@ -188,64 +375,53 @@ def _quiet_libraries() -> None:
         pass
 
 
-def _translate_interactively(args: argparse.Namespace, model, tokenizer, options: dict) -> None:
+def _threads_hook(backend):
+    """The adaptive CPU-thread policy's measurement of each batch (None for CTranslate2 and fixed counts)."""
+    threads = getattr(backend, "threads", None)
+    return threads.record if threads is not None else None
+
+
+def _translate_interactively(args, backend, tokenizer, model, options) -> None:
     """Translate each line of the terminal as it is typed (the first one drawn with --attention)."""
-    from .translate import decode_ids, generate_ids
+    from .translation_core import translate_batches
 
     print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
-    line_number, drawn = 0, False
-    for line in sys.stdin:
-        line_number += 1
-        text = line.rstrip("\r\n")
-        [ids] = generate_ids(model, tokenizer, [text], **options)
-        print(decode_ids(tokenizer, ids), flush=True)
-        if args.attention and ids and (args.attention_all or not drawn):
+    drawn = False
+    for line_number, text in enumerate(_stdin_lines(), start=1):
+        [hypotheses] = translate_batches(backend, tokenizer, [text], options, on_batch=_threads_hook(backend))
+        _write_stdout(_block(line_number, text, hypotheses, args, model, tokenizer))
+        if args.attention and hypotheses and (args.attention_all or not drawn):
             [(_, path)] = _attention_paths(args.attention, [line_number], args.attention_all)
-            _draw(model, tokenizer, text, ids, path)
+            _draw(model, tokenizer, text, hypotheses[0].token_ids, path)
             drawn = True
 
 
-def _translate_all(args: argparse.Namespace, model, tokenizer, texts: list[str], options: dict) -> None:
+def _translate_all(args, backend, tokenizer, model, texts: list[str], options) -> None:
     """Translate every text (sorted batches, written in input order), then draw the attention plots asked for."""
-    from .translate import decode_ids, generate_ids
+    from .translation_core import translate_batches
 
     progress = bool(args.input_file) and not args.no_progress
-    all_ids = generate_ids(model, tokenizer, texts, progress=progress, **options)
-    _write_lines(args.output_file, [decode_ids(tokenizer, ids) for ids in all_ids])
+    found = translate_batches(backend, tokenizer, texts, options, progress=progress, on_batch=_threads_hook(backend))
+    lines = [line for number, (text, hypotheses) in enumerate(zip(texts, found), start=1)
+             for line in _block(number, text, hypotheses, args, model, tokenizer)]
+    if args.output_file:
+        _write_file(args.output_file, lines)
+    else:
+        _write_stdout(lines)
     if args.attention:
-        line_numbers = [i + 1 for i, ids in enumerate(all_ids) if ids]
+        line_numbers = [i + 1 for i, hypotheses in enumerate(found) if hypotheses]
         if not line_numbers:
             print("warning: no non-empty input sentence, so no attention plot was drawn", file=sys.stderr)
         for line_number, path in _attention_paths(args.attention, line_numbers, args.attention_all):
-            _draw(model, tokenizer, texts[line_number - 1], all_ids[line_number - 1], path)
+            _draw(model, tokenizer, texts[line_number - 1], found[line_number - 1][0].token_ids, path)
 
 
-def _run_ct2(args: argparse.Namespace, texts: list[str], interactive: bool) -> int:
-    """`--backend ct2`: the same input, output and batching as the default backend, decoded by CTranslate2."""
-    from .export_ct2 import CT2ExportError, CT2Translator, ct2_device
-
-    if args.attention:
-        raise CLIError("--attention needs the default backend (CTranslate2 returns no attention weights here)")
-    try:
-        device, device_index = ct2_device(args.device)
-        translator = CT2Translator(args.model, device=device, device_index=device_index)
-        translator.decoding_options(args.num_beams, args.max_new_tokens)  # refuse unsupported settings up front
-    except (CT2ExportError, ValueError) as error:
-        raise CLIError(str(error)) from None
-    options = dict(batch_size=args.batch_size, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
-    beams = args.num_beams if args.num_beams is not None else (translator.generation_config.num_beams or 1)
-    if beams > 1 and translator.generation_config.early_stopping is not True:
-        print("note: CTranslate2's beam search stops when num_beams hypotheses have ended, as generate() does with "
-              "early_stopping=True; this model's generation_config has early_stopping="
-              f"{translator.generation_config.early_stopping!r}", file=sys.stderr)
-    if interactive:
-        print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
-        for line in sys.stdin:
-            print(translator.translate([line.rstrip("\r\n")], **options)[0], flush=True)
-        return EXIT_OK
-    progress = bool(args.input_file) and not args.no_progress
-    _write_lines(args.output_file, translator.translate(texts, progress=progress, **options))
-    return EXIT_OK
+def _attention_paths(base: str, line_numbers: list[int], every: bool) -> list[tuple[int, Path]]:
+    base_path = Path(base)
+    if not every:
+        return [(line_numbers[0], base_path)] if line_numbers else []
+    suffix = base_path.suffix or ".png"
+    return [(n, base_path.with_name(f"{base_path.stem}-{n}{suffix}")) for n in line_numbers]
 
 
 def _draw(model, tokenizer, text: str, ids: list[int], path: Path) -> None:
@@ -259,8 +435,25 @@ def _draw(model, tokenizer, text: str, ids: list[int], path: Path) -> None:
     except TypeError as error:
         raise CLIError(f"this model cannot return attention weights ({error})") from None
     except OSError as error:
-        raise CLIError(f"cannot write attention plot {path}: {error.strerror or error}") from None
+        raise CLIError(*describe_write_error(error, "attention plot", path)) from None
     print(f"attention plot written to {path}", file=sys.stderr)
+
+
+def _working_directory_exists() -> bool:
+    try:
+        os.getcwd()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _refuse_relative_paths(args: argparse.Namespace) -> None:
+    """Run from a deleted working directory, relative paths cannot be found (absolute ones still work)."""
+    for flag, value in (("--model", args.model), ("--input_file", args.input_file),
+                        ("--output_file", args.output_file), ("--attention", args.attention)):
+        if value and not os.path.isabs(os.path.expanduser(value)) and (flag != "--model" or os.sep in value):
+            raise CLIError(f"the working directory was deleted, so {flag} {value} cannot be found: cd to an existing "
+                           f"directory or give an absolute path")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,16 +461,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if not _working_directory_exists():
+            _refuse_relative_paths(args)
         return _run(args)
+    except StdoutClosed:  # e.g. piped into `head`: the reader has what it wanted
+        _silence_stdout()
+        return EXIT_OK
     except CLIError as error:
         if args.debug:
             raise
+        if isinstance(error, StdoutFault):
+            _silence_stdout()
         print(f"hf-scratch-translate: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return error.exit_status
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # e.g. piped into `head`
-        return EXIT_OK
     except Exception as error:  # noqa: BLE001
         if args.debug:
             raise

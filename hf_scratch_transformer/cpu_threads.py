@@ -25,6 +25,16 @@ import torch
 logger = logging.getLogger("hf_scratch_transformer")
 
 
+def thread_tuner(device, name: str, fixed: int = 0) -> "ThreadTuner | None":
+    """The thread policy of one kind of work on `device` (None off the CPU): up to the cores available to this
+    process's share of the machine (the processes a launcher started on it, LOCAL_WORLD_SIZE), or `fixed` (--cpu_threads
+    N) when it is not 0. `accelerate launch` sets OMP_NUM_THREADS=1, which is not taken as a limit."""
+    if getattr(device, "type", device) != "cpu":
+        return None
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return ThreadTuner(max(1, available_cores() // local_processes), name, fixed=fixed or None)
+
+
 def available_cores() -> int:
     """CPU cores this process may run on (its affinity mask: what `taskset` or a container allows)."""
     try:

@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from .errors import UsageError
-from .translate import ModelLoadError, length_bound, load_model_and_tokenizer, pick_device, strip_generated
+from .translate import ModelLoadError, load_model_and_tokenizer, pick_device
+from .translation_core import DecodingOptions, Hypothesis, TorchBackend, translate_batches
 
 PROGRAM = "hf-scratch-demo"
 DEFAULT_HOST = "127.0.0.1"
@@ -63,52 +64,16 @@ class DemoEnvironmentError(Exception):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Translation and attention: an adapter over translate.py / plotting.py (to be switched to the shared core)
+# Translation and attention, through the translation core (the CLI's and the pipeline's)
 # --------------------------------------------------------------------------------------------------------------
-@dataclass
-class Hypothesis:
-    """One translation of the n-best list. `token_ids`: generated ids without the decoder start token, `</s>`
-    included when generated; `score`: log-probability / length ** length_penalty (beam search's ranking score)."""
-
-    text: str
-    token_ids: list[int]
-    score: float
-    log_probability: float
-
-
-def _length_bound_defaults() -> tuple[float, float]:
-    """hf-scratch-translate's default bound on a translation's length (`--max_len_a`, `--max_len_b`)."""
-    from .cli import build_parser
-
-    parser = build_parser()
-    return parser.get_default("max_len_a"), parser.get_default("max_len_b")
-
-
-@torch.no_grad()
 def nbest_translations(model, tokenizer, text: str, num_beams: int = 1, num_hypotheses: int = 1) -> list[Hypothesis]:
-    """The `num_hypotheses` best translations of `text`, best first: greedy search when `num_beams` is 1 (one
-    hypothesis), else beam search. Length bounded as hf-scratch-translate's default (a * source tokens + b)."""
+    """The `num_hypotheses` best translations of `text`, best first, with their scores: greedy search when
+    `num_beams` is 1 (one hypothesis), else beam search; bounded as hf-scratch-translate bounds them."""
     if not text.strip():
         raise ValueError("the text to translate is empty")
-    if num_beams < 1 or not 1 <= num_hypotheses <= num_beams:
-        raise ValueError(f"need 1 <= num_hypotheses <= num_beams, got {num_hypotheses} and {num_beams}")
-    device = next(model.parameters()).device
-    encoded = tokenizer(text, return_tensors="pt", truncation=True).to(device)
-    bound = length_bound(encoded["input_ids"].shape[1], *_length_bound_defaults())
-    output = model.generate(**encoded, num_beams=num_beams, num_return_sequences=num_hypotheses, do_sample=False,
-                            max_new_tokens=bound, max_length=None, output_scores=True, return_dict_in_generate=True)
-    # (hypotheses, generated steps): log-probabilities of the tokens chosen (greedy scores are raw logits)
-    token_scores = model.compute_transition_scores(output.sequences, output.scores, output.get("beam_indices"),
-                                                   normalize_logits=num_beams == 1)
-    length_penalty = model.generation_config.length_penalty if num_beams > 1 else 1.0
-    hypotheses = []
-    for sequence, scores in zip(output.sequences.tolist(), token_scores):
-        ids = strip_generated(sequence, model)
-        log_probability = float(scores[: len(ids)].sum())
-        text_out = tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
-        hypotheses.append(Hypothesis(" ".join(text_out.split()), ids,
-                                     log_probability / max(len(ids), 1) ** (length_penalty or 1.0), log_probability))
-    return sorted(hypotheses, key=lambda hypothesis: -hypothesis.score)
+    options = DecodingOptions(num_beams=num_beams, num_return_sequences=num_hypotheses, with_scores=True)
+    [hypotheses] = translate_batches(TorchBackend(model), tokenizer, [text], options)
+    return hypotheses
 
 
 @dataclass
@@ -123,7 +88,8 @@ class AttentionView:
 
 def attention_view(model, tokenizer, text: str, token_ids: list[int]) -> AttentionView:
     """What the decoder attended to in `text` while generating `token_ids` (one teacher-forced pass)."""
-    from .plotting import cross_attention_matrices, token_labels
+    from .plotting import token_labels
+    from .translation_core import cross_attention_matrices
 
     weights = cross_attention_matrices(model, tokenizer, text, token_ids).numpy()
     source_ids = tokenizer(text, truncation=True)["input_ids"][: weights.shape[-1]]

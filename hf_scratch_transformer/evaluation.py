@@ -11,9 +11,17 @@ import evaluate
 import torch
 from torch.utils.data import DataLoader
 
+from .cpu_threads import thread_tuner
 from .data import make_batch_sampler
 from .run_directory import log_to_trackers
-from .translate import decode_ids, generate_ids
+from .translation_core import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_LEN_A,
+    DEFAULT_MAX_LEN_B,
+    DecodingOptions,
+    TorchBackend,
+    translate_batches,
+)
 
 logger = logging.getLogger("hf_scratch_transformer")
 
@@ -35,22 +43,26 @@ def translation_scores(predictions: list[str], references: list[str]) -> dict[st
 
 
 def evaluate_translations(
-    model, tokenizer, sources: list[str], references: list[str], num_beams: int = 1, batch_size: int = 64,
-    max_new_tokens: int = 256, progress: bool = False, max_len_a: float = 0.0, max_len_b: float = 0.0,
-    description: str = "translating",
+    model, tokenizer, sources: list[str], references: list[str], num_beams: int = 1,
+    batch_size: int = DEFAULT_BATCH_SIZE, max_new_tokens: int | None = None, progress: bool = False,
+    max_len_a: float = DEFAULT_MAX_LEN_A, max_len_b: float = DEFAULT_MAX_LEN_B, description: str = "translating",
+    on_batch=None,
 ) -> tuple[dict[str, float], list[str]]:
-    """Translate `sources` and score them: ({"bleu", "chrf", "gen_len"}, predictions).
+    """Translate `sources` through the translation core and score them: ({"bleu", "chrf", "gen_len"}, predictions).
 
     `gen_len` is run_translation.py's: the mean length of the generated token sequences (`</s>` counted, the
-    decoder start token and padding not). `max_len_a`/`max_len_b` bound each translation (see `generate_ids`).
+    decoder start token and padding not). `max_len_a`/`max_len_b` bound each translation (translation_core);
+    `max_new_tokens` None: the model's generation_config decides; `on_batch(tokens_generated, seconds)` is called
+    after each batch (translation_core.translate_batches).
     """
-    ids = generate_ids(
-        model, tokenizer, sources, batch_size=batch_size, num_beams=num_beams, max_new_tokens=max_new_tokens,
-        progress=progress, max_len_a=max_len_a, max_len_b=max_len_b, description=description,
-    )
-    predictions = [decode_ids(tokenizer, token_ids) for token_ids in ids]
+    options = DecodingOptions(num_beams=num_beams, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                              max_len_a=max_len_a, max_len_b=max_len_b)
+    hypotheses = translate_batches(TorchBackend(model), tokenizer, sources, options, progress=progress,
+                                   description=description, on_batch=on_batch)
+    predictions = [found[0].text if found else "" for found in hypotheses]
     scores = translation_scores(predictions, references)
-    scores["gen_len"] = round(sum(len(token_ids or []) for token_ids in ids) / max(len(ids), 1), 4)
+    lengths = [len(found[0].token_ids) if found else 0 for found in hypotheses]
+    scores["gen_len"] = round(sum(lengths) / max(len(lengths), 1), 4)
     return scores, predictions
 
 
@@ -93,6 +105,7 @@ class Evaluator:
         self.is_main = accelerator.is_main_process
         self.divergence: str | None = None  # the last divergence warning, if any
         self.test_predictions: list[str] | None = None  # beam-search translations of the test sources
+        self.threads = thread_tuner(accelerator.device, "translation", args.cpu_threads)
 
     def _batches(self, split: str) -> DataLoader:
         dataset = self.data.datasets[split]
@@ -100,9 +113,13 @@ class Evaluator:
         return DataLoader(dataset, batch_sampler=sampler, collate_fn=self.collator)
 
     def _decoding_options(self) -> dict:
-        """How validation and test translate: bounded to a * source length + b, a progress bar on the main process."""
+        """How validation and test translate: bounded to a * source length + b, a progress bar on the main process,
+        the CPU threads adapted to the measured speed (the thread count of decoding is applied here)."""
+        if self.threads is not None:
+            self.threads.activate()
         return dict(batch_size=self.args.per_device_eval_batch_size, max_new_tokens=self.args.eval_max_new_tokens,
-                    max_len_a=self.args.max_len_a, max_len_b=self.args.max_len_b, progress=self.is_main)
+                    max_len_a=self.args.max_len_a, max_len_b=self.args.max_len_b, progress=self.is_main,
+                    on_batch=self.threads.record if self.threads is not None else None)
 
     def validate(self, state) -> dict:
         """Validation loss and greedy BLEU/chrF at `state.global_step`, logged into `state.history`."""

@@ -21,7 +21,7 @@ from transformers import get_scheduler
 
 from .arguments import run_length
 from .checkpointing import RunState, load_checkpoint, resume_settings
-from .cpu_threads import ThreadTuner, available_cores
+from .cpu_threads import thread_tuner
 from .data import make_batch_sampler, padding_fraction, sequence_lengths
 from .errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import log_row
@@ -85,14 +85,6 @@ def start_accelerator(args, output_dir: Path) -> Accelerator:
     return accelerator
 
 
-def thread_tuner(args, accelerator: Accelerator, name: str) -> ThreadTuner | None:
-    """The CPU-thread policy of one kind of work on a CPU run (None on a GPU): up to the cores available to this
-    process's share of the machine (`accelerate launch` without --cpu sets OMP_NUM_THREADS=1, which is not taken as
-    a limit), or --cpu_threads N fixed."""
-    if accelerator.device.type != "cpu":
-        return None
-    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))
-    return ThreadTuner(max(1, available_cores() // local_processes), name, fixed=args.cpu_threads or None)
 
 
 # -------------------------------------------------------------------------------------------------------- batches
@@ -244,7 +236,7 @@ class TrainingLoop:
         self.train_model = torch.compile(model) if args.torch_compile else model
         self.train_model, self.optimizer = accelerator.prepare(self.train_model, optimizer)
         self.batches = TrainBatches(train_dataset, collator, data_args, args, accelerator, tokenizer)
-        self.threads = thread_tuner(args, accelerator, "training")
+        self.threads = thread_tuner(accelerator.device, "training", args.cpu_threads)
         self.length = run_length(args, self.batches.steps_per_epoch())
         self.total_steps = self.length.total_steps
         self.stopping = StoppingRules(self.length, args.max_train_minutes, self.state)

@@ -245,7 +245,8 @@ class ScratchEncoderLayer(AddAndNorm):
         self.self_attn = MultiHeadAttention(config, config.encoder_attention_heads, layer_idx)
         self.self_attn_layer_norm = ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.feed_forward = PositionwiseFeedForward(config, config.encoder_ffn_dim)
-        self.final_layer_norm = ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps)  # the FFN's (Marian's name)
+        # Marian's name for the feed-forward's norm (the layer's last)
+        self.final_layer_norm = ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs) -> torch.Tensor:
         """hidden_states (B, S, D), attention_mask as built by `create_bidirectional_mask` -> (B, S, D)."""
@@ -268,7 +269,8 @@ class ScratchDecoderLayer(AddAndNorm):
         self.cross_attn = MultiHeadAttention(config, heads, layer_idx, is_cross_attention=True)
         self.cross_attn_layer_norm = ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.feed_forward = PositionwiseFeedForward(config, config.decoder_ffn_dim)
-        self.final_layer_norm = ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps)  # the FFN's (Marian's name)
+        # Marian's name for the feed-forward's norm (the layer's last)
+        self.final_layer_norm = ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(
         self,
@@ -339,11 +341,12 @@ class ScratchTransformerPreTrainedModel(PreTrainedModel):
         return dict(self._tied_weights_keys or {})
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """`PreTrainedModel.save_pretrained`, plus the translation pipeline's code beside the model's code."""
+        """`PreTrainedModel.save_pretrained`, plus the translation pipeline's code (and the translation core it
+        imports) beside the model's code."""
         super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
-            target = Path(save_directory) / "pipeline_translation.py"
-            shutil.copyfile(Path(__file__).with_name("pipeline_translation.py"), target)
+            for name in ("pipeline_translation.py", "translation_core.py"):
+                shutil.copyfile(Path(__file__).with_name(name), Path(save_directory) / name)
 
 
 class TransformerStack(ScratchTransformerPreTrainedModel):

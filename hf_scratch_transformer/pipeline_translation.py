@@ -1,91 +1,86 @@
-"""A `translation` pipeline for transformers 5, which removed the built-in one.
+"""A `translation` pipeline for transformers 5, which removed the built-in one; it translates through the package's
+translation core (translation_core.py), so it gives what the command line and `translate()` give.
 
-Every saved model directory carries this file and a `custom_pipelines` entry in its config, so
+Every saved model directory carries this file, translation_core.py and a `custom_pipelines` entry in its config, so
 `pipeline("translation", model=dir, trust_remote_code=True)` works in any process. With the package imported,
 `hf_scratch_transformer.translation_pipeline(model_or_dir)` also accepts a model object.
-This file imports only transformers: it is copied into saved directories for `trust_remote_code=True`.
+This file imports only transformers and its sibling: both are copied into saved directories for
+`trust_remote_code=True`.
 """
 
 import copy
 
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig, Pipeline, pipeline
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Pipeline, pipeline
+
+from .translation_core import DecodingOptions, TorchBackend, check_tokenizer_fits, translate_batches
+
+# call-time keyword arguments that are options of the core; any other goes to generate()
+CORE_OPTIONS = ("num_beams", "num_return_sequences", "max_new_tokens", "max_len_a", "max_len_b", "truncation")
 
 
 class TranslationPipeline(Pipeline):
     """text or list of texts -> [{"translation_text": ...}] per text.
 
-    Call-time keyword arguments go to `generate()` (`num_beams=4`, `max_new_tokens=64`, ...);
-    `truncation=False` turns off truncation of over-long inputs (the model then raises a clear error).
+    Keyword arguments (at creation or call): `num_beams`, `max_new_tokens`, `max_len_a` / `max_len_b` (the length
+    bound of the core, default 1.5 and 10), `num_return_sequences=N` (then each text gives a list of N
+    {"translation_text", "score"}, best first), `truncation=False` (refuse over-long texts instead of cutting them);
+    any other goes to `generate()` (`length_penalty=1.2`, ...). `batch_size` (default 32) is the core's: a list is
+    sorted by length and translated in batches, results in input order; an empty text gives an empty translation.
     """
 
-    _pipeline_calls_generate = True
     _load_tokenizer = True
     _load_processor = False
     _load_image_processor = False
     _load_video_processor = False
     _load_feature_extractor = False
-    # Only fills what the model's own generation_config leaves unset.
-    _default_generation_config = GenerationConfig(max_new_tokens=256)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        vocab_size = getattr(self.model.config, "vocab_size", None)
-        if self.tokenizer is not None and vocab_size is not None and len(self.tokenizer) > vocab_size:
-            raise ValueError(
-                f"The tokenizer has {len(self.tokenizer)} tokens but the model only {vocab_size} embeddings: it "
-                "belongs to another model. Pass the tokenizer saved with these weights."
-            )
+        if self.tokenizer is not None:
+            check_tokenizer_fits(self.tokenizer, getattr(self.model.config, "vocab_size", None))
 
-    def __call__(self, text, **kwargs):
-        if isinstance(text, str) and not text.strip():  # an empty text translates to an empty text, as the CLI
-            return [{"translation_text": ""}]
-        if isinstance(text, list) and any(isinstance(item, str) and not item.strip() for item in text):
-            filled = [item for item in text if not (isinstance(item, str) and not item.strip())]
-            translated = iter(self(filled, **kwargs) if filled else [])
-            return [{"translation_text": ""} if isinstance(item, str) and not item.strip() else next(translated)
-                    for item in text]
-        if isinstance(text, list) and not text:
-            return []
-        results = super().__call__(text, **kwargs)
-        # One translation per input of a list: a flat list of dicts, as the transformers 4 pipeline returned.
-        if isinstance(text, list) and all(len(result) == 1 for result in results):
-            return [result[0] for result in results]
-        return results
+    def __call__(self, inputs, batch_size=None, **kwargs):
+        """Strings and lists of strings go through the core in one call; datasets and generators item by item."""
+        if not isinstance(inputs, (str, list, tuple)) and hasattr(inputs, "__iter__"):
+            return super().__call__(inputs, batch_size=batch_size, **kwargs)
+        _, forward_params, _ = self._sanitize_parameters(**kwargs)
+        forward_params = {**self._forward_params, **forward_params}
+        batch_size = batch_size if batch_size is not None else self._batch_size
+        if batch_size is not None:
+            forward_params["batch_size"] = batch_size
+        texts = [inputs] if isinstance(inputs, str) else inputs  # anything else is refused by the core, named
+        results = self._translate(texts, **forward_params)
+        if isinstance(inputs, str):
+            return results[0]
+        # one translation per text: a flat list of dicts, as the transformers 4 pipeline returned
+        return [result[0] for result in results] if "num_return_sequences" not in forward_params else results
 
-    def _sanitize_parameters(self, truncation=None, **generate_kwargs):
-        preprocess_params = {"truncation": truncation} if truncation is not None else {}
-        beams = generate_kwargs.get("num_beams")
-        if beams is not None and (isinstance(beams, bool) or not isinstance(beams, int) or beams < 1):
-            raise ValueError(f"num_beams must be a whole number of at least 1, got {beams!r}: use 1 for greedy "
-                             "decoding, 4 or 5 for beam search.")
-        return preprocess_params, generate_kwargs, {}
+    def _sanitize_parameters(self, **kwargs):
+        return {}, kwargs, {}
 
-    def preprocess(self, text: str, truncation: bool = True):
-        if not isinstance(text, str):
-            raise TypeError(f"The translation pipeline takes a string or a list of strings, got {type(text).__name__}.")
-        return self.tokenizer(text, return_tensors="pt", truncation=truncation)
+    def _translate(self, texts, **options) -> list[list[dict]]:
+        core = {name: options.pop(name) for name in (*CORE_OPTIONS, "batch_size") if name in options}
+        n_best = "num_return_sequences" in core
+        decoding = DecodingOptions(with_scores=n_best, **core)
+        found = translate_batches(TorchBackend(self.model, **options), self.tokenizer, texts, decoding)
+        if not n_best:
+            return [[{"translation_text": hypotheses[0].text if hypotheses else ""}] for hypotheses in found]
+        return [[{"translation_text": h.text, "score": h.score} for h in hypotheses] for hypotheses in found]
 
-    def _forward(self, model_inputs, **generate_kwargs):
-        vocab_size = getattr(self.model.config, "vocab_size", None)
-        ids = model_inputs["input_ids"]
-        if vocab_size is not None and ids.numel() and (int(ids.max()) >= vocab_size or int(ids.min()) < 0):
-            bad = sorted({int(i) for i in ids.flatten().tolist() if i >= vocab_size or i < 0})
-            raise ValueError(f"input ids {bad[:10]} are outside the model's vocabulary (0..{vocab_size - 1}): the "
-                             "tokenizer belongs to another model; use the tokenizer saved with these weights.")
-        generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
-        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
+    def preprocess(self, text):
+        return {"text": text}
+
+    def _forward(self, model_inputs, **options):
+        return {"results": self._translate([model_inputs["text"]], **options)[0]}
 
     def postprocess(self, model_outputs):
-        return [
-            {"translation_text": self.tokenizer.decode(ids, skip_special_tokens=True)}
-            for ids in model_outputs["output_ids"]
-        ]
+        return model_outputs["results"]
 
 
 def translation_pipeline(model, tokenizer=None, **kwargs) -> TranslationPipeline:
     """A TranslationPipeline from a saved directory / hub id or from a model object and its tokenizer.
 
-    Extra keyword arguments (`device`, `batch_size`, ...) go to `transformers.pipeline`.
+    Extra keyword arguments (`device`, `batch_size`, `num_beams`, ...) go to `transformers.pipeline`.
     """
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model)

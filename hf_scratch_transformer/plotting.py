@@ -1,6 +1,8 @@
 """Figures: what the decoder attends to in the source (cross-attention heatmaps), and training curves.
 
-Uses matplotlib's non-interactive Agg backend, so it works on servers without a display.
+Uses matplotlib's non-interactive Agg backend, so it works on servers without a display. The attention weights
+come from `translation_core.cross_attention_matrices` (also importable from here). A figure is written to a
+temporary file beside `path` and renamed into place: a failed write (full disk) leaves no half-written PNG.
 
     >>> matrices = cross_attention_matrices(model, tokenizer, "Jesus wept.", target_ids)      # doctest: +SKIP
     >>> matrices.shape                                  # (layers, heads, target tokens, source tokens)
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import codecs
 import math
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -21,49 +24,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from .translate import decoder_start_token, without_start_token  # noqa: E402
+from .translation_core import cross_attention_matrices, without_start_token  # noqa: E402
 
 WORD_START = "▁"  # prefixed to tokens that begin a word (the SentencePiece convention)
 DPI = 100
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Attention weights
-# --------------------------------------------------------------------------------------------------------------
-@torch.no_grad()
-def cross_attention_matrices(model, tokenizer, source_text: str, target_ids) -> torch.Tensor:
-    """Cross-attention weights (layers, heads, T, S) of `model` translating `source_text` into `target_ids`.
-
-    `target_ids` are the generated tokens (a list or 1-D tensor, with or without the leading decoder start
-    token, usually ending with `</s>`). One teacher-forced forward pass recomputes what the decoder saw when it
-    produced each of them, which is exact for greedy and beam search alike: row t is the attention of the step
-    that predicted target token t, over the S source tokens (including the `</s>` the tokenizer appends).
-    Each row sums to 1.
-    """
-    target = without_start_token(torch.as_tensor(target_ids, dtype=torch.long), model)
-    start = decoder_start_token(model)
-    if not target:
-        raise ValueError("target_ids is empty: there is no generated token to show attention for.")
-    device = next(model.parameters()).device
-    encoded = tokenizer(source_text, return_tensors="pt", truncation=True)
-    decoder_input_ids = torch.tensor([[start] + target[:-1]], device=device)  # (1, T)
-    was_training, attention_kernel = model.training, model.config._attn_implementation
-    model.eval()
-    model.set_attn_implementation("eager")  # the fused kernels return no weights
-    try:
-        output = model(
-            input_ids=encoded["input_ids"].to(device),
-            attention_mask=encoded["attention_mask"].to(device),
-            decoder_input_ids=decoder_input_ids,
-            output_attentions=True,
-            use_cache=False,
-            return_dict=True,
-        )
-    finally:
-        model.train(was_training)
-        model.set_attn_implementation(attention_kernel)
-    # per layer (1, H, T, S) -> (layers, H, T, S)
-    return torch.cat([layer.float().cpu() for layer in output.cross_attentions], dim=0)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -149,6 +113,23 @@ def attention_figure_size(target_length: int, source_length: int, layers: int, h
     return round(max(main_width, grid_width, 6.0), 2), round(main_height + grid_height, 2)
 
 
+def save_figure(fig, path) -> Path:
+    """Write `fig` as the PNG `path` (parent folders created) through a temporary file renamed into place, and close
+    it; on an error (disk full, read-only folder) no partial file is left and the OSError propagates."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        fig.savefig(partial, dpi=DPI, format="png")
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return path
+
+
 def _heatmap(ax, matrix: np.ndarray, cmap: str = "viridis"):
     return ax.imshow(matrix, cmap=cmap, vmin=0.0, vmax=max(float(matrix.max()), 1e-6), aspect="auto",
                      interpolation="nearest")
@@ -185,11 +166,7 @@ def plot_attention(
     top, bottom = fig.subfigures(2, 1, height_ratios=[main_height, height - main_height])
     _draw_layer_mean(top, weights, layer % layers, source_labels, target_labels, title)
     _draw_every_head(bottom, weights)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _draw_layer_mean(figure, weights: np.ndarray, layer_index: int, source_labels: list[str],
@@ -290,11 +267,7 @@ def plot_training_curves(history: list[dict], path) -> Path:
     bleu_ax.set_ylabel("BLEU")
     bleu_ax.grid(alpha=0.3)
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 __all__ = [

@@ -1,30 +1,41 @@
-"""Batched translation of many texts: what the `hf-scratch-translate` command runs, importable on its own.
+"""Loading a model (every broken or poisoned directory refused with one line) and translating texts with it.
 
-    >>> model, tokenizer = load_model_and_tokenizer("path/to/saved_model")             # doctest: +SKIP
-    >>> translate_texts(model, tokenizer, ["In the beginning.", "", "Jesus wept."])     # doctest: +SKIP
+    >>> model, tokenizer = load_model_and_tokenizer("outputs/en-es")                          # doctest: +SKIP
+    >>> translate(model, tokenizer, ["In the beginning.", "", "Jesus wept."])                 # doctest: +SKIP
     ['En el principio.', '', 'Jesús lloró.']
+    >>> translate(model, tokenizer, ["Jesus wept."], num_beams=4, num_return_sequences=2)     # doctest: +SKIP
+    [[Hypothesis(text='Jesús lloró.', score=-0.21, token_ids=[...]), Hypothesis(text=..., score=-0.93, ...)]]
 
-Texts are sorted by length and cut into batches (little padding, so less wasted compute), translated with
-`generate()`, then put back in input order. Empty (or whitespace-only) texts are never given to the model:
-they translate to empty strings, so line N of the output always belongs to line N of the input.
+`translate` goes through the package's one translation core (translation_core.py): sorted batches, input order,
+empty texts, truncation, the length bound `max_len_a * source tokens + max_len_b`, n-best with scores.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import math
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors import SafetensorError, safe_open
-from tqdm.auto import tqdm
 
-logger = logging.getLogger("hf_scratch_transformer")
+from .translation_core import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_LEN_A,
+    DEFAULT_MAX_LEN_B,
+    DecodingOptions,
+    Hypothesis,
+    TorchBackend,
+    check_tokenizer_fits,
+    translate_batches,
+)
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 PICKLE_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "sentencepiece.bpe.model", "spiece.model")
+JSON_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+HUB_TIMEOUT = 10  # seconds for the one request that looks a hub id up
 
 
 class ModelLoadError(RuntimeError):
@@ -50,123 +61,162 @@ def pick_device(requested: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def _looks_like_local_path(name: str) -> bool:
-    """True for a name meant as a local path, which is then never looked up on the hub (offline, that lookup takes
-    most of a minute to fail): it starts with ".", "~" or a separator, holds a backslash or more than one "/",
-    ends in a file suffix such as .safetensors, or its first component is a local directory (`outputs/nothere` where
-    ./outputs exists), or it has no "/" at all. Only a remaining "owner/name" is tried as a hub id."""
-    first = name.split("/", 1)[0]
-    return (
-        name.startswith((".", "~", os.sep, "/"))
-        or (os.altsep is not None and os.altsep in name)
-        or "\\" in name
-        or name.count("/") != 1
-        or Path(name).suffix in (".safetensors", ".bin", ".json")
-        or (bool(first) and Path(first).expanduser().is_dir())
-    )
+# --------------------------------------------------------------------------------------------------------------
+# Where a model is: a local directory or a hub id
+# --------------------------------------------------------------------------------------------------------------
+def looks_like_a_path(name: str) -> bool:
+    """True for a name meant as a local path: it starts with "./", "../", a separator or "~", its first component
+    is an existing directory (`outputs/nothere` where ./outputs exists), or it is no valid hub id (more than one
+    "/", a backslash, "..", ...). A remaining `name` or `owner/name` is a hub id."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    first = name.replace("\\", "/").split("/", 1)[0]
+    if name.startswith(("./", "../", ".\\", "..\\", "/", "~", os.sep)) or name in (".", ".."):
+        return True
+    if first != name and first and Path(first).is_dir():
+        return True
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return True
+    return False
 
 
+def locate_model(name_or_path: str | os.PathLike) -> tuple[str, bool]:
+    """Where to load a model from: (local directory, False) or (hub id, local_files_only).
+
+    A name that exists on disk is a model directory (a file is refused). A name that looks like a path
+    (`looks_like_a_path`) and does not exist is refused at once: the hub is never asked. Anything else is a hub
+    id, looked up with one request (at most HUB_TIMEOUT seconds): a hub that cannot be reached (or HF_HUB_OFFLINE)
+    falls back to the cached copy when there is one (local_files_only=True), else the id is refused in one line.
+    Every train.py and command-line option that names a model comes through here.
+    """
+    name = os.fspath(name_or_path)
+    path = Path(name).expanduser()
+    try:
+        path.stat()
+    except FileNotFoundError:
+        pass
+    except OSError as error:  # a name too long, a loop of links, no permission
+        raise ModelLoadError(f"cannot open the model directory {name}: {error.strerror or error}") from None
+    if path.is_dir():
+        return str(path), False
+    if path.exists():
+        raise ModelLoadError(f"{name} is a file, not a model directory: give the directory saved with "
+                             f"save_pretrained (it holds config.json and model.safetensors)")
+    if looks_like_a_path(name):
+        raise ModelLoadError(f"model directory not found: no such directory {name} (a local path, so the hub "
+                             f"was not asked)")
+    return name, _hub_is_unreachable(name)
+
+
+def _hub_is_unreachable(repo_id: str) -> bool:
+    """True when the hub cannot be reached but a cached copy of `repo_id` exists; ModelLoadError when neither the
+    hub nor the cache has it; False when the hub knows it."""
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        huggingface_hub.model_info(repo_id, timeout=HUB_TIMEOUT)
+        return False
+    except GatedRepoError:
+        return False  # from_pretrained names what access is needed
+    except RepositoryNotFoundError:
+        raise ModelLoadError(f"model not found: no such directory {repo_id}, and no such model on the hub (if it "
+                             f"is private, log in with `hf auth login`)") from None
+    except Exception as error:  # noqa: BLE001  (offline mode, DNS, connection, timeout: the hub is out of reach)
+        if isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json"), str):
+            return True
+        reason = " ".join(str(error).split()).split(". ")[0][:160] or type(error).__name__
+        raise ModelLoadError(f"model not found: no such directory {repo_id}, and the hub could not be reached to "
+                             f"look it up as a model id ({reason}): check the path, or the network") from None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Loading, with every check once
+# --------------------------------------------------------------------------------------------------------------
 def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.device | str | None = None,
                              config_overrides: dict | None = None):
-    """(model in eval mode on `device`, tokenizer) from a saved directory or a hub id.
+    """(model in eval mode on `device`, tokenizer) from a saved directory or a hub id (see `locate_model`).
 
     `config_overrides` (e.g. `{"dropout": 0.2}`) replace fields of the saved config before the model is built.
 
-    Raises `ModelLoadError` with a one-line message for a missing directory, a directory without (safetensors)
-    weights, truncated or corrupted weights, a config of a model type that does not translate, a tokenizer with more
-    tokens than the model's embeddings, or a hub id that cannot be fetched. Weights are read from safetensors only,
-    and no code from the directory is run (trust_remote_code=False: the package's own classes are used).
+    Raises `ModelLoadError` with a one-line message for: a missing directory; no, pickled-only, truncated or
+    corrupted weights; a config.json that is no JSON or of a model type that does not translate; a tokenizer that
+    is missing, unreadable or does not fit the embeddings; tensors missing from or extra in the weights; a config
+    whose sizes contradict the weights; weights holding NaN or inf; a hub id that cannot be fetched. Weights are
+    read from safetensors only, and no code from the directory is run (the package's own classes are used).
     """
     import hf_scratch_transformer  # noqa: F401  (registers the Auto classes: no trust_remote_code needed)
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    from transformers import AutoModelForSeq2SeqLM
 
     name = os.fspath(name_or_path)
-    path = Path(name).expanduser()
-    if path.is_dir():
-        _check_model_dir(path, name)
-        source = str(path)
-    elif path.exists():
-        raise ModelLoadError(f"--model must be a directory saved with save_pretrained, got the file {name}")
-    elif _looks_like_local_path(name):
-        raise ModelLoadError(f"model directory not found: {name} (a local path, so the hub was not asked)")
-    else:
-        source = name  # perhaps a hub id
+    source, local_only = locate_model(name)
+    if Path(source).is_dir():
+        check_model_dir(Path(source), name)
+    tokenizer = load_tokenizer(source, name, local_only)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-        model, info = AutoModelForSeq2SeqLM.from_pretrained(source, use_safetensors=True, trust_remote_code=False,
-                                                            output_loading_info=True, **(config_overrides or {}))
+        model, info = AutoModelForSeq2SeqLM.from_pretrained(
+            source, use_safetensors=True, trust_remote_code=False, output_loading_info=True,
+            ignore_mismatched_sizes=True, local_files_only=local_only, **(config_overrides or {}))
     except Exception as error:  # noqa: BLE001  (hub, network and format errors all end up here)
         reason = " ".join(str(error).split())[:300]
-        if source is name and not path.exists():
-            raise ModelLoadError(
-                f"model not found: {name} is not a local directory and could not be loaded from the hub ({reason})"
-            ) from error
         raise ModelLoadError(f"cannot load the model in {name}: {type(error).__name__}: {reason}") from error
-    _check_loaded(model, tokenizer, info, name)
+    check_loaded_model(model, tokenizer, info, name)
     if device is not None:
         model.to(device)
     model.eval()
     return model, tokenizer
 
 
-def _check_model_dir(path: Path, name: str) -> None:
+def load_tokenizer(source: str, name: str, local_files_only: bool = False):
+    """The tokenizer saved in `source` (a directory or hub id); one line naming `name` if it cannot be read."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=False, local_files_only=local_files_only)
+    except Exception as error:  # noqa: BLE001  (tokenizers raises a bare Exception for a malformed file)
+        reason = f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+        if not Path(source).is_dir():
+            raise ModelLoadError(f"cannot load the tokenizer of {name} from the hub ({reason})") from None
+        raise ModelLoadError(f"the tokenizer in {name} cannot be read ({reason}): copy the tokenizer files saved "
+                             f"with the model (tokenizer.json, tokenizer_config.json) again") from None
+
+
+def check_model_dir(path: Path, name: str) -> None:
     """A saved model directory holds safetensors weights that open, config.json of a translation model and a
-    tokenizer; the first thing missing or broken is named."""
+    tokenizer whose JSON files parse; the first thing missing or broken is named."""
     if not any((path / weights).is_file() for weights in WEIGHT_FILES):
         if any((path / weights).is_file() for weights in PICKLE_WEIGHT_FILES):
             raise ModelLoadError(
                 f"{name} holds only pickled weights (pytorch_model.bin), which can run code when loaded: only "
                 f"model.safetensors is read; convert them with save_pretrained(..., safe_serialization=True)"
             )
-        raise ModelLoadError(
-            f"no model weights in {name} (expected model.safetensors): is it a saved model directory?"
-        )
+        raise ModelLoadError(f"no model weights in {name} (expected model.safetensors): is it a saved model directory?")
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"no config.json in {name}: is it a saved model directory?")
     _check_model_type(path / "config.json")
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise ModelLoadError(
-            f"no tokenizer in {name} (expected tokenizer.json): copy the tokenizer files saved with the model "
-            f"(tokenizer.json, tokenizer_config.json) into it"
-        )
+    if not any((path / file).is_file() for file in TOKENIZER_FILES):
+        raise ModelLoadError(f"no tokenizer in {name} (expected tokenizer.json): copy the tokenizer files saved with "
+                             f"the model (tokenizer.json, tokenizer_config.json) into it")
+    for file in JSON_TOKENIZER_FILES:
+        problem = _json_problem(path / file) if (path / file).is_file() else None
+        if problem:
+            raise ModelLoadError(f"{path / file} is not valid JSON ({problem}): copy the tokenizer files saved with "
+                                 f"the model again")
     for weights in sorted(path.glob("*.safetensors")):
         problem = safetensors_problem(weights)
         if problem:
-            raise ModelLoadError(
-                f"{weights} is truncated or corrupted ({problem}): copy or download it again"
-            )
+            raise ModelLoadError(f"{weights} is truncated or corrupted ({problem}): copy or download it again")
 
 
-def _check_loaded(model, tokenizer, info: dict, name: str) -> None:
-    """Weights that fit the config, and a tokenizer that fits the embeddings (train.py saves them equal)."""
-    missing = list(info.get("missing_keys") or [])
-    packed = [key for key in info.get("unexpected_keys") or [] if key.endswith(("qkv_proj.weight", "kv_proj.weight"))]
-    if packed:  # saved by this package before q/k/v were separate projections
-        raise ModelLoadError(
-            f"the weights in {name} hold packed attention projections ({packed[0]}), the layout of "
-            f"hf-scratch-transformer before separate q_proj/k_proj/v_proj: load them with that version, or train again"
-        )
-    if missing:  # e.g. config.json naming another seq2seq type: its layers would start from random numbers
-        raise ModelLoadError(
-            f"the weights in {name} do not fit the {model.config.model_type!r} model its config.json describes "
-            f"({len(missing)} weight(s) missing, e.g. {missing[0]}): config.json belongs to another model; copy the "
-            f"config saved with these weights"
-        )
-    vocab_size = getattr(model.config, "vocab_size", None)
-    if vocab_size is not None and len(tokenizer) > vocab_size:
-        raise ModelLoadError(
-            f"the tokenizer in {name} has {len(tokenizer)} tokens but the model only {vocab_size} embeddings: the "
-            f"tokenizer files belong to another model; copy the tokenizer saved with these weights"
-        )
-    if vocab_size is not None and model.config.model_type == "scratch_transformer" and len(tokenizer) != vocab_size:
-        raise ModelLoadError(
-            f"the tokenizer in {name} has {len(tokenizer)} tokens but the model {vocab_size} embeddings (train.py "
-            f"saves them equal): the tokenizer files belong to another model; copy the tokenizer saved with these "
-            f"weights"
-        )
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "sentencepiece.bpe.model", "spiece.model")
+def _json_problem(path: Path) -> str | None:
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+        return None
+    except (OSError, ValueError) as error:
+        return " ".join(str(error).split())[:120] or "empty file"
 
 
 def _check_model_type(config_file: Path) -> None:
@@ -198,197 +248,89 @@ def safetensors_problem(path: Path) -> str | None:
         return f"{path.stat().st_size} bytes; safetensors: {reason}"
 
 
-def _max_source_length(model, tokenizer) -> int:
-    limits = [getattr(model.config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
-    limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000]
-    return min(limits) if limits else 512
-
-
-def _generation_kwargs(model, num_beams: int | None, max_new_tokens: int | None) -> dict:
-    """Call-time overrides of the model's generation_config (only what the user asked for)."""
-    kwargs = {}
-    if num_beams is not None:
-        kwargs["num_beams"] = num_beams
-    if max_new_tokens is not None:
-        kwargs["max_new_tokens"] = max_new_tokens
-        # The saved max_length would otherwise compete with max_new_tokens (and warn).
-        kwargs["max_length"] = None
-    elif getattr(model.generation_config, "max_length", None) is None and getattr(
-        model.generation_config, "max_new_tokens", None
-    ) is None:
-        kwargs["max_new_tokens"] = 256
-    return kwargs
-
-
-def length_bound(source_length: int, max_len_a: float, max_len_b: float) -> int | None:
-    """fairseq's bound on a translation's length, in generated tokens (`</s>` included): `a * source tokens + b`
-    (`</s>` of the source included), rounded up; None when both are 0 (no bound)."""
-    if max_len_a < 0 or max_len_b < 0:
-        raise ValueError(f"max_len_a and max_len_b must be >= 0, got {max_len_a} and {max_len_b}")
-    if max_len_a == 0 and max_len_b == 0:
-        return None
-    return max(1, math.ceil(max_len_a * source_length + max_len_b))
-
-
-def _new_tokens_cap(model, generation_kwargs: dict) -> int:
-    """The longest translation the call allows without a source-relative bound, in new tokens, and never more
-    than the decoder has positions for."""
-    config = model.generation_config
-    if generation_kwargs.get("max_new_tokens") is not None:
-        cap = generation_kwargs["max_new_tokens"]
-    elif getattr(config, "max_new_tokens", None) is not None:
-        cap = config.max_new_tokens
-    elif getattr(config, "max_length", None) is not None:  # counts the decoder start token of an encoder-decoder
-        cap = max(1, config.max_length - 1)
-    else:
-        cap = 256
-    positions = getattr(model.config, "max_position_embeddings", None)
-    return min(cap, positions - 1) if isinstance(positions, int) and positions > 1 else cap
-
-
-def decoder_start_token(model) -> int:
-    """The token decoding starts from: the generation config's, else the model config's."""
-    start = getattr(model.generation_config, "decoder_start_token_id", None)
-    return start if start is not None else model.config.decoder_start_token_id
-
-
-def without_start_token(ids, model) -> list[int]:
-    """`ids` (a list or a tensor) as a list, without a leading decoder start token."""
-    ids = ids.flatten().tolist() if hasattr(ids, "flatten") else list(ids)
-    return ids[1:] if ids and ids[0] == decoder_start_token(model) else ids
-
-
-def strip_generated(ids: list[int], model) -> list[int]:
-    """Generated ids without the decoder start token, cut after the first end-of-sequence token, no padding."""
-    eos = model.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos]) - {None}
-    pad = model.generation_config.pad_token_id
-    ids = without_start_token(ids, model)
-    out = []
-    for token_id in ids:
-        if token_id in eos:
-            out.append(token_id)
-            break
-        if token_id == pad:
-            break
-        out.append(token_id)
-    return out
-
-
-@torch.no_grad()
-def generate_ids(
-    model,
-    tokenizer,
-    texts: list[str],
-    batch_size: int = 32,
-    num_beams: int | None = None,
-    max_new_tokens: int | None = None,
-    device: torch.device | str | None = None,
-    progress: bool = False,
-    max_len_a: float = 0.0,
-    max_len_b: float = 0.0,
-    description: str = "translating",
-) -> list[list[int] | None]:
-    """Generated token ids per text (see `strip_generated`), None for an empty text; in input order.
-
-    With `max_len_a`/`max_len_b` (fairseq's names) a translation gets at most `ceil(a * source tokens + b)` new
-    tokens, never more than `max_new_tokens` (or the generation_config's limit). The bound is set per batch from the
-    batch's longest source; batches hold texts of similar length (sorted), so each text gets about its own bound.
-    A model that rarely emits `</s>` (barely trained, or diverged) then stops near the source's length instead of
-    running to the global limit.
-    """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    if num_beams is not None and num_beams < 1:
-        raise ValueError(f"num_beams must be at least 1, got {num_beams}: use 1 for greedy decoding")
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    results: list[list[int] | None] = [None] * len(texts)
-    todo = [i for i, text in enumerate(texts) if text.strip()]
-    if not todo:
-        return results
-    max_length = _max_source_length(model, tokenizer)
-    lengths = _source_lengths(model, tokenizer, texts, todo, max_length)
-    # Longest first: similar lengths share a batch, and an out-of-memory batch shows up at once.
-    order = sorted(todo, key=lambda i: -lengths[i])
-    generation_kwargs = _generation_kwargs(model, num_beams, max_new_tokens)
-    length_bound(1, max_len_a, max_len_b)  # refuses negative values before any work
-    cap = _new_tokens_cap(model, generation_kwargs)
-    with tqdm(total=len(order), unit="sent", desc=description, dynamic_ncols=True, disable=not progress) as bar:
-        for begin in range(0, len(order), batch_size):
-            indices = order[begin : begin + batch_size]
-            batch = tokenizer(
-                [texts[i] for i in indices], truncation=True, max_length=max_length, padding=True, return_tensors="pt"
-            ).to(device)
-            kwargs = generation_kwargs
-            bound = length_bound(max(lengths[i] for i in indices), max_len_a, max_len_b)
-            if bound is not None:
-                kwargs = {**generation_kwargs, "max_new_tokens": min(bound, cap), "max_length": None}
-            output = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **kwargs)
-            for index, ids in zip(indices, output.tolist()):
-                results[index] = strip_generated(ids, model)
-            bar.update(len(indices))
-    return results
-
-
-def _source_lengths(model, tokenizer, texts: list[str], todo: list[int], max_length: int) -> dict[int, int]:
-    """Token count of each text to translate (index -> length, at most `max_length`: longer texts are truncated,
-    with a warning); ids outside the model's vocabulary (another model's tokenizer) are refused."""
-    encoded = tokenizer([texts[i] for i in todo], verbose=False)["input_ids"]
-    vocab_size = getattr(model.config, "vocab_size", None)
-    outside = sorted({token for ids in encoded for token in ids if vocab_size is not None and token >= vocab_size})
-    if outside:
-        raise ValueError(f"input ids {outside[:10]} are outside the model's vocabulary (0..{vocab_size - 1}): the "
-                         f"tokenizer belongs to another model; use the tokenizer saved with these weights")
-    lengths = dict(zip(todo, map(len, encoded)))
-    too_long = [i for i in todo if lengths[i] > max_length]
-    if too_long:
-        logger.warning(
-            f"{len(too_long)} input text(s) longer than the model's limit of {max_length} tokens were truncated "
-            f"to it (first: text {too_long[0] + 1}, {lengths[too_long[0]]} tokens); split long texts into sentences"
+def check_loaded_model(model, tokenizer, info: dict, name: str) -> None:
+    """The weights fit the config (no tensor missing, extra or of another shape), hold only finite numbers, and the
+    tokenizer fits the embeddings (exactly, for this package's models: train.py saves them equal)."""
+    _check_tensor_names(model, info, name)
+    mismatched = sorted(info.get("mismatched_keys") or [])
+    if mismatched:
+        key, in_file, in_model = mismatched[0]
+        raise ModelLoadError(
+            f"config.json in {name} contradicts model.safetensors: {key} is {tuple(in_file)} in the weights but "
+            f"{tuple(in_model)} for the config ({len(mismatched)} tensor(s) differ; d_model "
+            f"{getattr(model.config, 'd_model', '?')}): copy the config.json saved with these weights"
         )
-        lengths.update({i: max_length for i in too_long})
-    return lengths
+    with torch.no_grad():
+        poisoned = next((key for key, tensor in model.state_dict().items()
+                         if tensor.is_floating_point() and not torch.isfinite(tensor).all()), None)
+    if poisoned is not None:
+        raise ModelLoadError(f"the weights in {name} hold NaN or infinite values ({poisoned}): the model is corrupted "
+                             f"(saved after training diverged?); use an earlier checkpoint, or train again")
+    try:
+        check_tokenizer_fits(tokenizer, getattr(model.config, "vocab_size", None),
+                             exact=model.config.model_type == "scratch_transformer")
+    except ValueError as error:
+        raise ModelLoadError(f"{name}: {error}") from None
 
 
-def decode_ids(tokenizer, ids: list[int] | None) -> str:
-    """One line of text: special tokens dropped, newlines in the output turned into spaces."""
-    if not ids:
-        return ""
-    # A translation cut by max_new_tokens may end inside a multi-byte character: drop the replacement mark.
-    text = tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
-    return " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
+def _check_tensor_names(model, info: dict, name: str) -> None:
+    """Tensors missing from the weights or extra in them, told apart from a config of another model (most
+    tensors missing)."""
+    missing, unexpected = list(info.get("missing_keys") or []), list(info.get("unexpected_keys") or [])
+    expected = len(model.state_dict())
+    if missing and (len(missing) * 2 > expected or model.config.model_type != "scratch_transformer"):
+        raise ModelLoadError(
+            f"the weights in {name} do not fit the {model.config.model_type!r} model its config.json describes "
+            f"({len(missing)} of {expected} tensors missing, e.g. {missing[0]}): config.json belongs to another "
+            f"model; copy the config saved with these weights"
+        )
+    if missing:
+        raise ModelLoadError(f"model.safetensors in {name} lacks {len(missing)} tensor(s) of the model config.json "
+                             f"describes (e.g. {missing[0]}): the file is incomplete, or config.json belongs to a "
+                             f"bigger model; copy both again from where the model was saved")
+    if unexpected:
+        raise ModelLoadError(f"model.safetensors in {name} holds {len(unexpected)} tensor(s) the model config.json "
+                             f"describes does not have (e.g. {unexpected[0]}): the weights belong to another "
+                             f"architecture or size; copy the config.json saved with them")
 
 
-def translate_texts(
-    model,
-    tokenizer,
-    texts: list[str],
-    batch_size: int = 32,
-    num_beams: int | None = None,
-    max_new_tokens: int | None = None,
-    device: torch.device | str | None = None,
-    progress: bool = False,
-    max_len_a: float = 0.0,
-    max_len_b: float = 0.0,
-    description: str = "translating",
-) -> list[str]:
-    """Translate `texts`, one output string per input, in input order; empty texts give empty strings.
+# --------------------------------------------------------------------------------------------------------------
+# Translating
+# --------------------------------------------------------------------------------------------------------------
+def translate(model, tokenizer, texts: list[str], *, num_beams: int | None = None,
+              num_return_sequences: int | None = None, max_new_tokens: int | None = None,
+              max_len_a: float = DEFAULT_MAX_LEN_A, max_len_b: float = DEFAULT_MAX_LEN_B,
+              batch_size: int = DEFAULT_BATCH_SIZE, truncation: bool = True, progress: bool = False,
+              description: str = "translating", on_batch: Callable[[int, float], None] | None = None,
+              **generate_kwargs) -> list[str] | list[list[Hypothesis]]:
+    """Translate `texts` (a list of strings) in input order.
 
-    `num_beams` / `max_new_tokens` default to the model's generation_config; `progress` shows a tqdm bar;
-    `max_len_a`/`max_len_b` bound each translation to `a * source tokens + b` new tokens (see `generate_ids`).
+    Without `num_return_sequences`: one string per text ("" for an empty text). With `num_return_sequences=N`:
+    per text its N best `Hypothesis` (text, score, token_ids), best first (an empty list for an empty text); N is
+    at most the beam size. `num_beams` / `max_new_tokens` default to the model's generation_config; each
+    translation gets at most `max_len_a * source tokens + max_len_b` new tokens (0 and 0: no bound);
+    `progress` shows a tqdm bar; `on_batch(tokens_generated, seconds)` is called after each batch; further keyword
+    arguments go to `generate()` (e.g. `length_penalty=1.2`).
     """
-    ids = generate_ids(model, tokenizer, texts, batch_size, num_beams, max_new_tokens, device, progress,
-                       max_len_a=max_len_a, max_len_b=max_len_b, description=description)
-    return [decode_ids(tokenizer, token_ids) for token_ids in ids]
+    options = DecodingOptions(
+        num_beams=num_beams, num_return_sequences=1 if num_return_sequences is None else num_return_sequences,
+        max_new_tokens=max_new_tokens, max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size,
+        truncation=truncation, with_scores=num_return_sequences is not None,
+    )
+    hypotheses = translate_batches(TorchBackend(model, **generate_kwargs), tokenizer, texts, options,
+                                   progress=progress, description=description, on_batch=on_batch)
+    if num_return_sequences is None:
+        return [found[0].text if found else "" for found in hypotheses]
+    return hypotheses
 
 
 __all__ = [
+    "Hypothesis",
     "ModelLoadError",
-    "decode_ids",
-    "generate_ids",
-    "length_bound",
     "load_model_and_tokenizer",
+    "load_tokenizer",
+    "locate_model",
+    "looks_like_a_path",
     "pick_device",
-    "strip_generated",
-    "translate_texts",
+    "translate",
 ]

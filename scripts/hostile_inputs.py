@@ -498,16 +498,17 @@ def _pipeline(ws: Workspace):
     return ws._pipeline
 
 
-def _expect_value_error(call, *parts) -> str:
+def _expect_value_error(call, *parts, kind: type = ValueError) -> str:
+    """`call()` raises `kind` (ValueError unless given) with a one-line message naming every part."""
     try:
         call()
-    except ValueError as error:
+    except kind as error:
         message = str(error)
         if "\n" in message or any(part not in message for part in parts):
-            raise Failure(f"ValueError without {parts} on one line: {message!r}") from None
+            raise Failure(f"{kind.__name__} without {parts} on one line: {message!r}") from None
         return message
     except Exception as error:  # noqa: BLE001
-        raise Failure(f"{type(error).__name__} instead of a ValueError: {error}") from None
+        raise Failure(f"{type(error).__name__} instead of a {kind.__name__}: {error}") from None
     raise Failure("no error")
 
 
@@ -520,12 +521,12 @@ def _expect_result(call, expected) -> str:
 
 def _oov(ws: Workspace) -> str:
     from hf_scratch_transformer.tokenization import train_bpe_tokenizer
-    from hf_scratch_transformer.translate import generate_ids
+    from hf_scratch_transformer.translate import translate
 
     model = _pipeline(ws).model
     bigger = train_bpe_tokenizer([text for pair in PAIRS for text in pair] * 3, vocab_size=800)
     text = "In the beginning God created the heavens and the earth."
-    return _expect_value_error(lambda: generate_ids(model, bigger, [text]), "outside the model's vocabulary",
+    return _expect_value_error(lambda: translate(model, bigger, [text]), "outside the model's vocabulary",
                                "0..399")
 
 

@@ -1,11 +1,21 @@
-"""The `hf-scratch-translate` command on a tiny trained model: arguments, stdin, files, attention plots, errors."""
+"""The `hf-scratch-translate` command on a tiny trained model: arguments, stdin, files, attention plots, n-best
+lists and alignments, the line contract, flags checked before loading, closed and full streams, unwritable paths."""
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
-from helpers import PAIRS_EN_ES, png_size, start_cli
+from helpers import PAIRS_EN_ES, REPO, png_size, start_cli
+from tmpfs import small_tmpfs
 
 from hf_scratch_transformer import cli, plotting
-from hf_scratch_transformer.translate import generate_ids, translate_texts
+from hf_scratch_transformer.translate import translate
+from hf_scratch_transformer.translation_core import format_alignment, hard_alignment
 
 SOURCES = [source for source, _ in PAIRS_EN_ES]
 REFERENCES = dict(PAIRS_EN_ES)
@@ -30,7 +40,7 @@ def cli_runs(trained_model_dir, tmp_path_factory):
 
 
 def _expected(model, tokenizer, texts, **kwargs):
-    return translate_texts(model, tokenizer, texts, batch_size=1, **kwargs)
+    return translate(model, tokenizer, texts, batch_size=1, **kwargs)
 
 
 def test_file_to_file_keeps_alignment_order_and_writes_one_png_per_sentence(cli_runs, trained_model, tmp_path, capsys):
@@ -73,7 +83,8 @@ def test_attention_matrix_given_to_the_plot(trained_model, tmp_path, monkeypatch
     stdout = capsys.readouterr().out.split("\n")
     assert stdout[0] == "" and stdout[1] == REFERENCES[text]
 
-    [target_ids] = generate_ids(model, tokenizer, [text])
+    [[best]] = translate(model, tokenizer, [text], num_return_sequences=1)
+    target_ids = best.token_ids
     source_ids = tokenizer(text)["input_ids"]
     attention = captured["attention"]
     config = model.config
@@ -145,3 +156,174 @@ def test_stdin_line_by_line(cli_runs, trained_model):
     result = cli_runs[1]["stdin"].result()
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == _expected(model, tokenizer, [SOURCES[2], "", SOURCES[6]], num_beams=3)
+
+
+# ------------------------------------------------------------------------------------------------- line contract
+LINE_BREAKS_INSIDE_A_LINE = ["\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+
+
+def _stdin(monkeypatch, data: bytes) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+
+def test_only_newline_and_crlf_end_a_line(trained_model, tmp_path, monkeypatch, capsys):
+    """Every other Unicode line break stays inside its line: output line N belongs to input line N, from stdin
+    and from a file, and CRLF endings are not part of the text."""
+    model, tokenizer, model_dir = trained_model
+    lines = [f"God is love.{mark}Jesus wept." for mark in LINE_BREAKS_INSIDE_A_LINE] + ["", SOURCES[0]]
+    data = "\r\n".join(lines[:3]) + "\r\n" + "\n".join(lines[3:]) + "\n"
+    expected = translate(model, tokenizer, lines)
+    assert cli.main(["--model", str(model_dir), "--input_file", str(_write(tmp_path / "in.txt", data)),
+                     "--no_progress"]) == 0
+    assert capsys.readouterr().out.split("\n") == expected + [""]
+    _stdin(monkeypatch, data.encode("utf-8"))
+    assert cli.main(["--model", str(model_dir)]) == 0
+    assert capsys.readouterr().out.split("\n") == expected + [""]
+    assert cli.split_lines("a\r\nb\rc\n\nd") == ["a", "b\rc", "", "d"] and cli.split_lines("") == []
+
+
+def _write(path, text: str):
+    path.write_bytes(text.encode("utf-8"))
+    return path
+
+
+# ------------------------------------------------------------------------------------------ n-best, alignments
+def _blocks(output: str) -> list[list[str]]:
+    return [line.split("\t") for line in output.split("\n")[:-1]]
+
+
+def test_nbest_blocks_are_the_api_hypotheses_in_input_order(trained_model, capsys):
+    model, tokenizer, model_dir = trained_model
+    texts = [SOURCES[3], "", SOURCES[1]]
+    assert cli.main(["--model", str(model_dir), "--nbest", "3", "--num_beams", "4", *texts]) == 0
+    rows = _blocks(capsys.readouterr().out)
+    found = translate(model, tokenizer, texts, num_beams=4, num_return_sequences=3)
+    assert rows == [["H-1", f"{h.score:.4f}", h.text] for h in found[0]] + [["H-2", "", ""]] + \
+        [["H-3", f"{h.score:.4f}", h.text] for h in found[2]]
+    for number in ("H-1", "H-3"):
+        scores = [float(score) for tag, score, _ in rows if tag == number]
+        assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+
+
+def test_print_alignment_follows_each_hypothesis_within_bounds(trained_model, capsys):
+    model, tokenizer, model_dir = trained_model
+    text = SOURCES[0]
+    assert cli.main(["--model", str(model_dir), "--print_alignment", "--nbest", "2", "--num_beams", "2", text]) == 0
+    rows = _blocks(capsys.readouterr().out)
+    assert [row[0] for row in rows] == ["H-1", "A-1", "H-1", "A-1"]
+    for (_, _, translation), (_, pairs) in zip(rows[0::2], rows[1::2]):
+        pairs = [tuple(map(int, pair.split("-"))) for pair in pairs.split()]
+        assert pairs and all(0 <= s < len(text.split()) and 0 <= t < len(translation.split()) for s, t in pairs)
+    [[best, _]] = translate(model, tokenizer, [text], num_beams=2, num_return_sequences=2)
+    assert rows[1][1] == format_alignment(hard_alignment(model, tokenizer, text, best.token_ids))
+    assert cli.main(["--model", str(model_dir), "--print_alignment", "--alignment_unit", "tokens",
+                     "--alignment_layer", "1", text]) == 0
+    assert _blocks(capsys.readouterr().out)[1][1] == format_alignment(
+        hard_alignment(model, tokenizer, text, best.token_ids, layer=0, unit="tokens"))
+
+
+# ------------------------------------------------------------------------------------- flags checked before loading
+@pytest.mark.parametrize("flag, value, named", [
+    ("--max_len_a", "nan", "--max_len_a must be a finite number >= 0, got nan"),
+    ("--max_len_b", "inf", "--max_len_b must be a finite number >= 0, got inf"),
+    ("--max_len_a", "-1", "--max_len_a must be a finite number >= 0, got -1.0"),
+    ("--num_beams", "-2", "--num_beams must be a whole number >= 1, got -2"),
+    ("--batch_size", "0", "--batch_size must be a whole number >= 1, got 0"),
+    ("--max_new_tokens", "0", "--max_new_tokens must be a whole number >= 1, got 0"),
+    ("--nbest", "-1", "--nbest must be a whole number >= 1, got -1"),
+    ("--batch_size", "nan", "argument --batch_size: invalid int value: 'nan'"),
+])
+def test_numeric_flags_are_refused_by_name_before_the_model_is_loaded(flag, value, named, tmp_path, capsys):
+    missing_model = tmp_path / "no-such-model"  # were the model loaded first, this would be the error
+    with pytest.raises(SystemExit) if value == "nan" and flag == "--batch_size" else contextlib.nullcontext() as exit:
+        status = cli.main(["--model", str(missing_model), flag, value, "Jesus wept."])
+    status = exit.value.code if exit is not None else status
+    err = capsys.readouterr().err
+    assert status == 2 and named in err.strip().splitlines()[-1] and "Traceback" not in err
+
+
+def test_nbest_above_the_beam_size_is_refused_after_loading(trained_model_dir, capsys):
+    assert cli.main(["--model", str(trained_model_dir), "--nbest", "3", "--num_beams", "2", "x"]) == 2
+    assert capsys.readouterr().err == "hf-scratch-translate: error: --nbest must be at most the beam size (2), got 3\n"
+
+
+# ------------------------------------------------------------------------------------ local paths, never the hub
+def test_a_missing_local_path_fails_in_seconds_without_asking_the_hub(tmp_path, monkeypatch, capsys):
+    """`outputs/does-not-exist` with no ./outputs either, offline variables unset and no network: before, about a
+    minute of hub retries; now one short look-up (or none) and one line."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for name in ("outputs/does-not-exist", "./does-not-exist", "outputs/a/b"):
+        started = time.perf_counter()
+        assert cli.main(["--model", name, "Jesus wept."]) == 2
+        assert time.perf_counter() - started < 5
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"no such directory {name}" in err
+
+
+# -------------------------------------------------------------------------------------------- streams and paths
+def _popen_cli(*args, stdout):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "hf_scratch_transformer.cli", *map(str, args)], cwd=REPO, env=env,
+                            stdin=subprocess.PIPE, stdout=stdout, stderr=subprocess.PIPE)
+
+
+def test_a_closed_pipe_ends_quietly_and_a_full_stdout_in_one_line(trained_model_dir):
+    """`| head -1` that has gone (the read end closed before anything is written): status 0, nothing on stderr.
+    /dev/full as stdout: status 1, one line. Real processes, real streams."""
+    with open("/dev/full", "w") as full:
+        runs = {"closed": _popen_cli("--model", trained_model_dir, stdout=subprocess.PIPE),
+                "full": _popen_cli("--model", trained_model_dir, stdout=full)}
+        runs["closed"].stdout.close()
+        results = {name: run.communicate(b"Jesus wept.\nGod is love.\n" * 50, timeout=300)[1].decode()
+                   for name, run in runs.items()}
+    assert runs["closed"].returncode == 0 and results["closed"] == ""
+    assert runs["full"].returncode == 1
+    assert results["full"] == ("hf-scratch-translate: error: no space left on device writing standard output: free "
+                               "some space, or write elsewhere\n")
+
+
+def test_unwritable_output_paths_are_one_line_and_keep_the_earlier_file(trained_model_dir, tmp_path, capsys):
+    (tmp_path / "a-directory").mkdir()
+    long_name = tmp_path / ("x" * 300 + ".txt")
+    for flags, status, message in [
+        (["--output_file", long_name], 2, "File name too long; choose another path"),
+        (["--output_file", tmp_path / "a-directory"], 2, f"cannot write output file {tmp_path / 'a-directory'}"),
+        (["--attention", tmp_path / ("y" * 300 + ".png")], 2, "cannot write attention plot"),
+    ]:
+        assert cli.main(["--model", str(trained_model_dir), *map(str, flags), "Jesus wept."]) == status
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    assert not [path for path in tmp_path.iterdir() if path.name.startswith(".")]  # no temporary file left
+
+
+def test_read_only_and_full_filesystems_keep_the_earlier_output(trained_model_dir, tmp_path, capsys):
+    def earlier(path):
+        (path / "out.txt").write_text("earlier translations\n")
+
+    with small_tmpfs(tmp_path / "ro", 64, earlier, read_only=True) as read_only:
+        assert cli.main(["--model", str(trained_model_dir), "-o", str(read_only / "out.txt"), "Jesus wept."]) == 2
+        assert "Read-only file system; choose another path" in capsys.readouterr().err
+        assert (read_only / "out.txt").read_text() == "earlier translations\n"
+    lines = "\n".join(SOURCES * 20) + "\n"  # ~10 KB of translations for a 8 KiB filesystem
+    with small_tmpfs(tmp_path / "full", 8, earlier) as full:
+        assert cli.main(["--model", str(trained_model_dir), "-i", str(_write(tmp_path / "in.txt", lines)),
+                         "-o", str(full / "out.txt"), "--no_progress"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"no space left on device writing output file {full / 'out.txt'}" in err
+        assert sorted(path.name for path in full.iterdir()) == ["out.txt"]
+        assert (full / "out.txt").read_text() == "earlier translations\n"
+
+
+def test_a_working_directory_deleted_under_the_command(trained_model, tmp_path, monkeypatch, capsys):
+    model, tokenizer, model_dir = trained_model
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert cli.main(["--model", str(model_dir), "-o", str(tmp_path / "out.txt"), "Jesus wept."]) == 0
+    assert (tmp_path / "out.txt").read_text() == translate(model, tokenizer, ["Jesus wept."])[0] + "\n"
+    assert cli.main(["--model", str(model_dir), "-o", "relative.txt", "Jesus wept."]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the working directory was deleted, so --output_file relative.txt" in err

@@ -107,7 +107,7 @@ def two_threads_look_busy(monkeypatch):
 
     monkeypatch.setattr(ThreadTuner, "__init__", init)
     monkeypatch.setattr(ThreadTuner, "record", record)
-    monkeypatch.setattr("hf_scratch_transformer.loop.available_cores", lambda: 2)  # whatever the machine has
+    monkeypatch.setattr("hf_scratch_transformer.cpu_threads.available_cores", lambda: 2)  # whatever the machine has
 
 
 def test_a_run_adapts_its_threads_and_trains_the_same_weights_as_with_any_fixed_count(tmp_path, monkeypatch,
@@ -125,3 +125,25 @@ def test_a_run_adapts_its_threads_and_trains_the_same_weights_as_with_any_fixed_
         weights = load_file(tmp_path / f"fixed{fixed}" / "model.safetensors")
         for name in adaptive:
             assert torch.equal(adaptive[name], weights[name]), (fixed, name)
+
+
+def test_translation_adapts_its_threads_in_the_cli_and_in_validation(tmp_path, trained_model_dir, caplog,
+                                                                     two_threads_look_busy, capsys):
+    from hf_scratch_transformer import cli
+
+    with caplog.at_level(logging.INFO, logger="hf_scratch_transformer"):
+        code = cli.main(["--model", str(trained_model_dir), "--batch_size", "1", "Jesus wept.", "God is love.",
+                         "The Lord is my shepherd."])
+    assert code == 0 and len(capsys.readouterr().out.splitlines()) == 3
+    assert any("CPU threads for translation: 2 -> 1" in record.getMessage() for record in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hf_scratch_transformer"):
+        run_quick(tmp_path / "run", max_steps=2, eval_steps=1, per_device_eval_batch_size=1, cpu_threads=0)
+    assert any("CPU threads for translation: 2 -> 1" in record.getMessage() for record in caplog.records)
+
+
+def test_the_cli_refuses_a_negative_thread_count_before_loading(capsys):
+    from hf_scratch_transformer import cli
+
+    assert cli.main(["--model", "does-not-matter", "--cpu_threads", "-1", "hi"]) == 2
+    assert "--cpu_threads must be a whole number >= 0" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from hf_scratch_transformer.plotting import (
     plot_training_curves,
     token_labels,
 )
-from hf_scratch_transformer.translate import generate_ids
+from hf_scratch_transformer.translate import translate
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -31,7 +31,8 @@ def test_cross_attention_matrices_match_generate(trained_model):
     finally:
         model.set_attn_implementation("sdpa")
     assert model.config._attn_implementation == "sdpa"
-    [target_ids] = generate_ids(model, tokenizer, [text], num_beams=1)
+    [[best]] = translate(model, tokenizer, [text], num_beams=1, num_return_sequences=1)
+    target_ids = best.token_ids
     matrices = cross_attention_matrices(model, tokenizer, text, target_ids)
     layers, heads = model.config.decoder_layers, model.config.decoder_attention_heads
     source_length = batch.input_ids.shape[1]

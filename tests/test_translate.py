@@ -1,6 +1,8 @@
-"""translate.py: loading a model directory (every broken one refused with one line) and translating any input.
+"""translate.py: loading a model directory (every broken or poisoned one refused with one line) and translating any
+input through `translate()`: n-best lists with scores, alignments, checked options and inputs.
 Cases tested elsewhere: too-long ids given to the model (test_modeling.py); a directory without weights and
-unreadable CLI input (test_cli.py)."""
+unreadable CLI input (test_cli.py); the length bound and local paths (test_workflows.py); the core's batching
+(test_translation_core.py)."""
 
 import json
 import logging
@@ -14,7 +16,8 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from hf_scratch_transformer import cli, translation_pipeline
-from hf_scratch_transformer.translate import ModelLoadError, load_model_and_tokenizer, translate_texts
+from hf_scratch_transformer.translate import ModelLoadError, load_model_and_tokenizer, translate
+from hf_scratch_transformer.translation_core import format_alignment, hard_alignment
 
 
 # ------------------------------------------------------------------------------------------------------------- loading
@@ -46,13 +49,39 @@ def _break(case, model_dir):
         data[8:40] = b"\x00" * 32
         weights.write_bytes(bytes(data))
         return f"model.safetensors is truncated or corrupted ({len(data)} bytes; safetensors: invalid JSON in header"
-    if case == "packed_attention_projections":  # the layout saved before q/k/v were separate
+    if case == "packed_attention_projections":  # a layout this version does not have: extra and missing tensors
         tensors = load_file(weights)
         for key in [k for k in tensors if k.endswith("self_attn.q_proj.weight")]:
             prefix = key[: -len("q_proj.weight")]
             tensors[prefix + "qkv_proj.weight"] = torch.cat([tensors.pop(prefix + f"{n}_proj.weight") for n in "qkv"])
         save_file(tensors, weights, metadata={"format": "pt"})
-        return "hold packed attention projections"
+        return "tensor(s) of the model config.json describes (e.g. model."
+    if case in ("nan_weights", "inf_weights"):
+        tensors = load_file(weights)
+        tensors["model.decoder.layers.1.feed_forward.fc2.weight"][0, 0] = float("nan" if case == "nan_weights" else "inf")
+        save_file(tensors, weights, metadata={"format": "pt"})
+        return "hold NaN or infinite values (model.decoder.layers.1.feed_forward.fc2.weight)"
+    if case in ("missing_tensor", "extra_tensor"):
+        tensors = load_file(weights)
+        if case == "missing_tensor":
+            del tensors["model.encoder.layers.0.feed_forward.fc1.bias"]
+        else:
+            tensors["model.encoder.extra_gate"] = torch.ones(3)
+        save_file(tensors, weights, metadata={"format": "pt"})
+        return ("lacks 1 tensor(s) of the model config.json describes (e.g. model.encoder.layers.0.feed_forward.fc1.bias)"
+                if case == "missing_tensor" else "holds 1 tensor(s) the model config.json describes does not have (e.g. "
+                "model.encoder.extra_gate)")
+    if case == "config_contradicts_weights":
+        config = json.loads((model_dir / "config.json").read_text())
+        config["d_model"] = 96
+        (model_dir / "config.json").write_text(json.dumps(config))
+        return "contradicts model.safetensors: model.decoder.layers.0.cross_attn.k_proj.bias is (64,) in the weights but (96,)"
+    if case in ("garbage_tokenizer_json", "empty_tokenizer_json"):
+        (model_dir / "tokenizer.json").write_text("{garbage" if case == "garbage_tokenizer_json" else "")
+        return "tokenizer.json is not valid JSON"
+    if case == "tokenizer_json_of_no_tokenizer":
+        (model_dir / "tokenizer.json").write_text('{"version": "1.0"}')
+        return "cannot be read"
     if case == "other_model_type":
         config = json.loads((model_dir / "config.json").read_text())
         config["model_type"] = "bert"
@@ -64,13 +93,17 @@ def _break(case, model_dir):
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         tokenizer.add_tokens([f"extra{i}" for i in range(50)])
         tokenizer.save_pretrained(model_dir)
-        return "embeddings: the tokenizer files belong to another model"
+        return "tokens but the model only 600 embeddings: ids from 600 on are outside the model's vocabulary"
     raise AssertionError(case)
 
 
-@pytest.mark.parametrize("case", ["no_weights", "pickle_weights_only", "truncated_safetensors",
-                                  "corrupted_safetensors_header", "packed_attention_projections", "other_model_type",
-                                  "tokenizer_larger_than_embeddings"])
+BROKEN = ["no_weights", "pickle_weights_only", "truncated_safetensors", "corrupted_safetensors_header",
+          "packed_attention_projections", "other_model_type", "tokenizer_larger_than_embeddings", "nan_weights",
+          "inf_weights", "missing_tensor", "extra_tensor", "config_contradicts_weights", "garbage_tokenizer_json",
+          "empty_tokenizer_json", "tokenizer_json_of_no_tokenizer"]
+
+
+@pytest.mark.parametrize("case", BROKEN)
 def test_broken_model_directory_gives_one_line(case, model_copy, capsys):
     expected = _break(case, model_copy)
     with pytest.raises(ModelLoadError) as error:
@@ -84,7 +117,7 @@ def test_broken_model_directory_gives_one_line(case, model_copy, capsys):
 
 def test_pipeline_refuses_a_tokenizer_larger_than_the_embeddings(model_copy):
     _break("tokenizer_larger_than_embeddings", model_copy)
-    with pytest.raises(ValueError, match=r"The tokenizer has \d+ tokens but the model only \d+ embeddings"):
+    with pytest.raises(ValueError, match=r"the tokenizer has \d+ tokens but the model only \d+ embeddings"):
         translation_pipeline(str(model_copy))
 
 
@@ -102,18 +135,18 @@ def finished_model(finished_run):
 
 def test_empty_and_whitespace_inputs_translate_to_empty_lines(finished_model):
     model, tokenizer = finished_model
-    assert translate_texts(model, tokenizer, ["", "   ", "\t\n", "Jesus wept.", ""])[:3] == ["", "", ""]
-    assert translate_texts(model, tokenizer, ["", "   "]) == ["", ""]
+    assert translate(model, tokenizer, ["", "   ", "\t\n", "Jesus wept.", ""])[:3] == ["", "", ""]
+    assert translate(model, tokenizer, ["", "   "]) == ["", ""]
 
 
 def test_too_long_input_is_truncated_with_a_warning(finished_model, caplog):
     model, tokenizer = finished_model
     long_text = " ".join(["In the beginning God created the heavens and the earth."] * 30)
     with caplog.at_level(logging.WARNING, logger="hf_scratch_transformer"):
-        [translation] = translate_texts(model, tokenizer, [long_text], max_new_tokens=4)
+        [translation] = translate(model, tokenizer, [long_text], max_new_tokens=4)
     assert isinstance(translation, str)
     assert "1 input text(s) longer than the model's limit of 96 tokens were truncated" in caplog.text
-    # the pipeline truncates as well; with truncation=False the model's own error names the limit
+    # the pipeline truncates as well; with truncation=False the core refuses the text, naming the limit
     # (the model given too-long ids: tests/test_modeling.py::test_too_long_input_raises_a_clear_error)
     pipe = translation_pipeline(model, tokenizer)
     assert set(pipe(long_text, max_new_tokens=4)[0]) == {"translation_text"}
@@ -128,7 +161,7 @@ def test_unknown_characters_never_become_unk(finished_model):
         ids = tokenizer(text)["input_ids"]
         assert tokenizer.unk_token_id not in ids
         assert tokenizer.decode(ids, skip_special_tokens=True) == unicodedata.normalize("NFC", text)
-    assert all(isinstance(out, str) for out in translate_texts(model, tokenizer, texts, max_new_tokens=4))
+    assert all(isinstance(out, str) for out in translate(model, tokenizer, texts, max_new_tokens=4))
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -137,7 +170,87 @@ def test_any_unicode_string_goes_through_tokenizer_and_model(finished_model, tex
     model, tokenizer = finished_model
     ids = tokenizer(text)["input_ids"]
     assert tokenizer.decode(ids, skip_special_tokens=True) == unicodedata.normalize("NFC", text)
-    [translation] = translate_texts(model, tokenizer, [text], max_new_tokens=3)
+    [translation] = translate(model, tokenizer, [text], max_new_tokens=3)
     assert isinstance(translation, str) and "\n" not in translation
     if not text.strip():
         assert translation == ""
+
+
+# ------------------------------------------------------------------------------------ inputs and options, checked
+
+
+@pytest.mark.parametrize("texts, named", [(["Jesus wept.", None], "texts[1] is None"),
+                                         (["a", b"bytes"], "texts[1] is b'bytes'"),
+                                         ("Jesus wept.", "texts must be a list of strings, got str"),
+                                         ([3.5], "texts[0] is 3.5")])
+def test_texts_that_are_not_strings_are_named_in_one_line(trained_model, texts, named):
+    model, tokenizer, _ = trained_model
+    with pytest.raises(TypeError) as error:
+        translate(model, tokenizer, texts)
+    assert named in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("option, value, requirement", [
+    ("max_len_a", float("nan"), "a finite number >= 0"), ("max_len_b", float("inf"), "a finite number >= 0"),
+    ("max_len_a", -1.0, "a finite number >= 0"), ("num_beams", 0, "a whole number >= 1"),
+    ("batch_size", 0, "a whole number >= 1"), ("max_new_tokens", -3, "a whole number >= 1"),
+    ("num_return_sequences", 0, "a whole number >= 1"), ("num_beams", True, "a whole number >= 1"),
+    ("num_return_sequences", 3, "at most the beam size (2)"),
+])
+def test_decoding_options_are_refused_by_name_before_any_work(trained_model, option, value, requirement,
+                                                              monkeypatch):
+    model, tokenizer, _ = trained_model
+    monkeypatch.setattr(type(model), "generate", lambda *a, **k: pytest.fail("generate() ran"))
+    kwargs = {"num_beams": 2} if option == "num_return_sequences" else {}
+    with pytest.raises(ValueError) as error:
+        translate(model, tokenizer, ["Jesus wept."], **{**kwargs, option: value})
+    assert str(error.value) == f"{option} must be {requirement}, got {value!r}"
+
+
+# ------------------------------------------------------------------------------------------- n-best, alignments
+
+
+def test_nbest_gives_n_hypotheses_per_text_best_first(trained_model):
+    model, tokenizer, _ = trained_model
+    texts = ["Jesus wept.", "", "God is love.", "The Lord is my shepherd."]
+    found = translate(model, tokenizer, texts, num_beams=5, num_return_sequences=4)
+    assert [len(hypotheses) for hypotheses in found] == [4, 0, 4, 4]
+    for hypotheses in found:
+        scores = [h.score for h in hypotheses]
+        assert scores == sorted(scores, reverse=True) and all(score <= 0 for score in scores)
+        assert len({tuple(h.token_ids) for h in hypotheses}) == len(hypotheses)  # distinct hypotheses
+    assert [found[i][0].text for i in (0, 2, 3)] == ["Jesús lloró.", "Dios es amor.", "El Señor es mi pastor."]
+    # the best of the n-best list is the translation itself
+    assert [h[0].text if h else "" for h in found] == translate(model, tokenizer, texts, num_beams=5)
+
+
+def test_a_score_is_the_length_normalised_log_probability(trained_model):
+    """Greedy and beam scores: the sum of the tokens' log-probabilities, </s> included, over the length
+    (length_penalty 1), recomputed here by a teacher-forced forward pass."""
+    model, tokenizer, _ = trained_model
+    for beams in (1, 3):
+        [[best]] = translate(model, tokenizer, ["The tree of life."], num_beams=beams, num_return_sequences=1)
+        batch = tokenizer(["The tree of life."], return_tensors="pt")
+        labels = torch.tensor([best.token_ids])
+        with torch.no_grad():
+            log_probs = model(**batch, labels=labels).logits.log_softmax(-1)
+        expected = log_probs.gather(-1, labels[..., None]).sum().item() / len(best.token_ids)
+        assert best.score == pytest.approx(expected, abs=1e-4)
+
+
+def test_alignments_are_pairs_within_the_words_and_tokens_of_both_sides(trained_model):
+    model, tokenizer, _ = trained_model
+    source = "In the beginning God created the heavens and the earth."
+    [[best]] = translate(model, tokenizer, [source], num_return_sequences=1)
+    assert best.text == "En el principio creó Dios los cielos y la tierra."
+    words = hard_alignment(model, tokenizer, source, best.token_ids)
+    assert words == sorted(set(words)) and words
+    assert all(0 <= s < len(source.split()) and 0 <= t < len(best.text.split()) for s, t in words)
+    assert {t for _, t in words} == set(range(len(best.text.split())))  # every target word is aligned
+    tokens = hard_alignment(model, tokenizer, source, best.token_ids, unit="tokens", layer=0)
+    source_tokens = len(tokenizer(source)["input_ids"]) - 1  # without </s>
+    assert sorted({t for _, t in tokens}) == list(range(len(best.token_ids) - 1))  # one pair per target token
+    assert all(0 <= s < source_tokens for s, _ in tokens)
+    assert format_alignment([(0, 1), (2, 0)]) == "0-1 2-0"
+    with pytest.raises(ValueError, match="not a decoder layer: the model has 2"):
+        hard_alignment(model, tokenizer, source, best.token_ids, layer=2)

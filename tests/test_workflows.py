@@ -22,12 +22,11 @@ from hf_scratch_transformer import (
     ScratchTransformerForConditionalGeneration,
     TranslationPipeline,
     cli,
-    translate,
     translation_pipeline,
 )
 from hf_scratch_transformer.run_directory import RUN_STATE_FILE
 from hf_scratch_transformer.training import main
-from hf_scratch_transformer.translate import ModelLoadError, generate_ids, load_model_and_tokenizer
+from hf_scratch_transformer.translate import ModelLoadError, load_model_and_tokenizer, translate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -76,18 +75,25 @@ def endless_model(trained_model):
     return endless, tokenizer
 
 
+def generate_ids(model, tokenizer, texts, **options) -> list[list[int]]:
+    """The token ids of each text's translation, through the package's translation core."""
+    return [found[0].token_ids for found in translate(model, tokenizer, texts, num_return_sequences=1, **options)]
+
+
 @pytest.mark.parametrize("num_beams", [1, 2])
 def test_decoding_stops_at_a_times_source_length_plus_b(endless_model, num_beams):
     model, tokenizer = endless_model
     lengths = [len(ids) for ids in tokenizer(SOURCES)["input_ids"]]
     one_by_one = generate_ids(model, tokenizer, SOURCES, batch_size=1, num_beams=num_beams, max_len_a=0.5, max_len_b=2)
     assert [len(ids) for ids in one_by_one] == [math.ceil(0.5 * n + 2) for n in lengths]
-    # One batch: the longest source of the batch sets the bound, and the global limit still caps it.
+    # In one batch each sentence keeps its own bound: the same translations as one at a time.
     batched = generate_ids(model, tokenizer, SOURCES, batch_size=8, num_beams=num_beams, max_len_a=0.5, max_len_b=2)
-    assert {len(ids) for ids in batched} == {math.ceil(0.5 * max(lengths) + 2)}
+    assert batched == one_by_one
     capped = generate_ids(model, tokenizer, SOURCES, batch_size=1, max_new_tokens=5, max_len_a=3, max_len_b=10)
     assert {len(ids) for ids in capped} == {5}
-    unbounded = generate_ids(model, tokenizer, SOURCES, batch_size=1)  # the library default: no bound
+    default = generate_ids(model, tokenizer, SOURCES, batch_size=4)  # the default bound: 1.5 * source + 10
+    assert [len(ids) for ids in default] == [min(math.ceil(1.5 * n + 10), 40) for n in lengths]
+    unbounded = generate_ids(model, tokenizer, SOURCES, batch_size=1, max_len_a=0, max_len_b=0)
     assert {len(ids) for ids in unbounded} == {40}
 
 
@@ -105,7 +111,8 @@ def test_the_command_line_bounds_translations_by_default(trained_model_dir, monk
     assert cli.main(["--model", str(trained_model_dir), "--max_len_a", "0", "--max_len_b", "0", "Jesus wept."]) == 0
     (length, default), (same, custom), (_, off) = asked
     assert length == same
-    assert default == math.ceil(1.5 * length + 10) and custom == 2 * length + 1 and off is None
+    assert default == math.ceil(1.5 * length + 10) and custom == 2 * length + 1
+    assert off == 31  # no bound: the saved generation_config's max_length (32) less the decoder start token
     assert "error" not in capsys.readouterr().err
 
 
@@ -184,7 +191,8 @@ def test_do_predict_alone_writes_predictions_in_input_order(trained_model, tmp_p
     names = {path.name for path in output_dir.iterdir()}
     assert {"generated_predictions.txt", "predict_results.json", "all_results.json"} <= names
     assert not names & {"model.safetensors", "train_results.json", "eval_results.json"}  # nothing trained
-    expected = translate.translate_texts(model, tokenizer, TEST_SOURCES, batch_size=1, num_beams=1, max_new_tokens=12)
+    expected = translate(model, tokenizer, TEST_SOURCES, batch_size=1, num_beams=1, max_new_tokens=12,
+                               max_len_a=0, max_len_b=0)
     lines = (output_dir / "generated_predictions.txt").read_text(encoding="utf-8").split("\n")
     assert lines[-1] == "" and lines[:-1] == expected and len(set(expected)) > 1
     results = json.loads((output_dir / "predict_results.json").read_text())
@@ -270,8 +278,11 @@ def test_translation_pipeline_can_be_built_twice_on_one_model(trained_model):
     assert json.loads(model.config.to_json_string())["custom_pipelines"]["translation"]["pt"] == ["AutoModelForSeq2SeqLM"]
 
 
-@pytest.mark.parametrize("name", ["outputs/nothere", "./nothere", "~/nothere-hf-scratch", "a/b/c", "outputs\\nothere"])
+@pytest.mark.parametrize("name", ["outputs/nothere", "./nothere", "~/nothere-hf-scratch", "a/b/c", "outputs\\nothere",
+                                  "../nothere", "/nothere/at/all"])
 def test_a_name_that_looks_like_a_path_is_never_looked_up_on_the_hub(name, tmp_path, monkeypatch):
+    import huggingface_hub
+
     monkeypatch.chdir(tmp_path)
     (tmp_path / "outputs").mkdir()
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -279,27 +290,45 @@ def test_a_name_that_looks_like_a_path_is_never_looked_up_on_the_hub(name, tmp_p
     def hub(*args, **kwargs):
         raise AssertionError(f"the hub was asked for {args[0]}")
 
+    monkeypatch.setattr(huggingface_hub, "model_info", hub)
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", hub)
     monkeypatch.setattr(AutoModelForSeq2SeqLM, "from_pretrained", hub)
     started = time.perf_counter()
-    with pytest.raises(ModelLoadError, match="model directory not found") as error:
+    with pytest.raises(ModelLoadError, match="model directory not found: no such directory") as error:
         load_model_and_tokenizer(name)
     assert time.perf_counter() - started < 0.5
     assert name in str(error.value) and "\n" not in str(error.value)
 
 
-def test_an_owner_slash_name_is_still_tried_on_the_hub(tmp_path, monkeypatch):
+def test_an_owner_slash_name_is_looked_up_once_then_loaded_from_the_hub(tmp_path, monkeypatch):
+    import huggingface_hub
+    from huggingface_hub.errors import RepositoryNotFoundError
+
     monkeypatch.chdir(tmp_path)
     asked = []
 
-    def hub(name, *args, **kwargs):
-        asked.append(name)
+    def known(name, **kwargs):
+        asked.append(("model_info", name, kwargs.get("timeout")))
+
+    def tokenizer(name, *args, **kwargs):
+        asked.append(("tokenizer", name, kwargs.get("local_files_only")))
         raise OSError("offline")
 
-    monkeypatch.setattr(AutoTokenizer, "from_pretrained", hub)
-    with pytest.raises(ModelLoadError, match="could not be loaded from the hub"):
+    monkeypatch.setattr(huggingface_hub, "model_info", known)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", tokenizer)
+    with pytest.raises(ModelLoadError, match="cannot load the tokenizer of someone/some-model from the hub"):
         load_model_and_tokenizer("someone/some-model")
-    assert asked == ["someone/some-model"]
+    assert asked == [("model_info", "someone/some-model", 10), ("tokenizer", "someone/some-model", False)]
+
+    def unknown(name, **kwargs):
+        from httpx2 import Request, Response  # huggingface_hub's HTTP client
+
+        request = Request("GET", f"https://huggingface.co/api/models/{name}")
+        raise RepositoryNotFoundError("404 Repository Not Found", response=Response(404, request=request))
+
+    monkeypatch.setattr(huggingface_hub, "model_info", unknown)
+    with pytest.raises(ModelLoadError, match="no such directory someone/other, and no such model on the hub"):
+        load_model_and_tokenizer("someone/other")
 
 
 LORA_ATTENTION = ["q_proj", "k_proj", "v_proj", "out_proj"]  # README's recipe: every attention projection

@@ -138,7 +138,7 @@ def plain_case(name: str, check) -> Case:
 
 CASES = [
     same_message_as_cli("demo_missing_model_dir", _missing, "model directory not found"),
-    same_message_as_cli("demo_model_is_a_file", _a_file, "got the file", "config.json"),
+    same_message_as_cli("demo_model_is_a_file", _a_file, "is a file, not a model directory", "config.json"),
     same_message_as_cli("demo_model_dir_without_weights", _no_weights, "no model weights", "model.safetensors"),
     same_message_as_cli("demo_truncated_weights", _truncated_weights, "truncated or corrupted"),
     same_message_as_cli("demo_config_of_a_bert", _bert_config, "'bert'", "not a translation"),

@@ -1,4 +1,5 @@
-"""Export a trained model to CTranslate2, and translate with the exported directory.
+"""CTranslate2: export a trained model (`export_ct2`, `hf-scratch-export-ct2`), and translate with the exported
+directory (`CT2Backend`, a backend of the translation core: `hf-scratch-translate --backend ct2`).
 
     hf-scratch-export-ct2 --model outputs/scratch-small-en-es --output_dir outputs/scratch-small-en-es-ct2
     hf-scratch-export-ct2 --model outputs/scratch-small-en-es --output_dir outputs/ct2-int8 --quantization int8
@@ -17,10 +18,12 @@ CTranslate2 is an optional dependency: `pip install hf-scratch-transformer[ct2]`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -41,6 +44,14 @@ class CT2ExportError(ValueError):
 
 class CT2NotInstalledError(CT2ExportError, ImportError):
     """The optional `ctranslate2` package is missing."""
+
+
+class CT2WriteError(CT2ExportError):
+    """The exported files could not be written (full disk, read-only folder...); `exit_status` is the command's."""
+
+    def __init__(self, message: str, exit_status: int):
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 def require_ctranslate2():
@@ -85,12 +96,13 @@ def unexpressible_settings(config) -> list[str]:
 def vocabulary_tokens(tokenizer, size: int) -> list[str]:
     """The tokenizer's tokens in id order, `size` of them: ids the tokenizer lacks (embeddings padded to a
     multiple) get unique placeholders, which the model never sees in input and practically never generates."""
+    from .translation_core import check_tokenizer_fits
+
+    try:
+        check_tokenizer_fits(tokenizer, size)
+    except ValueError as error:
+        raise CT2ExportError(str(error)) from None
     by_id = {index: token for token, index in tokenizer.get_vocab().items()}
-    if len(by_id) > size or (by_id and max(by_id) >= size):
-        raise CT2ExportError(
-            f"the tokenizer has {len(by_id)} tokens (largest id {max(by_id)}) but the model only {size} embeddings: "
-            f"the tokenizer files belong to another model"
-        )
     taken = set(by_id.values())
     tokens = []
     for index in range(size):
@@ -221,23 +233,16 @@ def export_ct2(model_dir, output_dir, quantization: str | None = None, force: bo
 
     `quantization`: None / "float32" keeps fp32 weights; "int8", "int8_float32", "int8_float16",
     "int8_bfloat16", "float16" or "bfloat16" store quantized weights (CTranslate2's `--quantization`).
-    Writes the CTranslate2 model, the tokenizer files, generation_config.json and hf_scratch_transformer_ct2.json.
+    Writes the CTranslate2 model, the tokenizer files, generation_config.json and hf_scratch_transformer_ct2.json
+    into a hidden folder beside `output_dir`, renamed into place when complete: a failed write (full disk,
+    read-only folder) leaves nothing behind, and a directory replaced with `force` stays until the new one is in.
     Raises CT2NotInstalledError without ctranslate2, CT2ExportError for a model CTranslate2 cannot express, an
-    unknown quantization or an output directory that is not empty (unless `force`), and
-    translate.ModelLoadError for a directory that does not hold a loadable model.
+    unknown quantization or an output directory that is not empty (unless `force`), CT2WriteError when the files
+    cannot be written, and translate.ModelLoadError for a directory that does not hold a loadable model.
     """
     ctranslate2 = require_ctranslate2()
     quantization = quantization or "float32"
-    if quantization not in QUANTIZATIONS:
-        raise CT2ExportError(f"unknown quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
-    output = Path(output_dir)
-    if output.exists() and not output.is_dir():
-        raise CT2ExportError(f"--output_dir {output} exists and is not a directory")
-    if output.is_dir() and any(output.iterdir()) and not force:
-        raise CT2ExportError(f"--output_dir {output} is not empty (use --force to overwrite)")
-    if Path(model_dir).resolve() == output.resolve():
-        raise CT2ExportError("--output_dir must differ from --model (both would hold a config.json)")
-
+    output = _check_export_target(model_dir, output_dir, quantization, force)
     from .translate import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(model_dir, "cpu")
@@ -250,24 +255,76 @@ def export_ct2(model_dir, output_dir, quantization: str | None = None, force: bo
     with torch.no_grad():
         spec = build_spec(model, tokens)
     spec.optimize(quantization=quantization)
-    output.mkdir(parents=True, exist_ok=True)
-    spec.save(str(output))
-    tokenizer.save_pretrained(output)  # tokenizer.json, tokenizer_config.json, ...: no file name clashes with CT2's
-    model.generation_config.save_pretrained(output)
     from . import __version__
 
-    info = {
-        "format": 1,
-        "exported_from": os.fspath(model_dir),
-        "quantization": quantization,
-        "hf_scratch_transformer": __version__,
-        "ctranslate2": ctranslate2.__version__,
-        "max_position_embeddings": model.config.max_position_embeddings,
-        "vocab_size": model.config.vocab_size,
-        "tokenizer_size": len(tokenizer),
-    }
-    (output / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    info = {"format": 1, "exported_from": os.fspath(model_dir), "quantization": quantization,
+            "hf_scratch_transformer": __version__, "ctranslate2": ctranslate2.__version__,
+            "max_position_embeddings": model.config.max_position_embeddings, "vocab_size": model.config.vocab_size,
+            "tokenizer_size": len(tokenizer)}
+
+    def write(directory: Path) -> None:
+        spec.save(str(directory))
+        tokenizer.save_pretrained(directory)  # tokenizer.json, tokenizer_config.json: no clash with CT2's files
+        model.generation_config.save_pretrained(directory)
+        (directory / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+    write_directory(output, write, "the CTranslate2 model")
     return output
+
+
+def _check_export_target(model_dir, output_dir, quantization: str, force: bool) -> Path:
+    if quantization not in QUANTIZATIONS:
+        raise CT2ExportError(f"unknown quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
+    output = Path(output_dir).expanduser()
+    try:
+        if output.exists() and not output.is_dir():
+            raise CT2ExportError(f"--output_dir {output} exists and is not a directory")
+        if output.is_dir() and any(output.iterdir()) and not force:
+            raise CT2ExportError(f"--output_dir {output} is not empty (use --force to overwrite)")
+    except OSError as error:  # a name too long, a folder that cannot be listed
+        from .cli import describe_write_error
+
+        raise CT2WriteError(*describe_write_error(error, "the CTranslate2 model", output)) from None
+    if Path(model_dir).expanduser().resolve() == output.resolve():
+        raise CT2ExportError("--output_dir must differ from --model (both would hold a config.json)")
+    return output
+
+
+def write_directory(output: Path, write, what: str) -> None:
+    """`write(folder)` into a hidden folder beside `output`, then renamed to `output` (replacing it, when it
+    exists, only once the new one is complete). On an OSError nothing new is left behind (folders created for it
+    included) and CT2WriteError says what happened in one line."""
+    created = [parent for parent in reversed(output.parents) if not parent.exists()]
+    staging = output.parent / f".{output.name}.partial-{os.getpid()}"
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
+        write(staging)
+        _replace_directory(staging, output)
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        from .cli import describe_write_error
+
+        message, status = describe_write_error(error, what, output)
+        raise CT2WriteError(message, status) from None
+
+
+def _replace_directory(new: Path, target: Path) -> None:
+    """Rename the complete folder `new` to `target`; an existing `target` is set aside first and removed after."""
+    if not target.exists():
+        os.rename(new, target)
+        return
+    aside = target.parent / f".{target.name}.replaced-{os.getpid()}"
+    os.rename(target, aside)
+    try:
+        os.rename(new, target)
+    except OSError:
+        os.rename(aside, target)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------- translating with it
@@ -285,135 +342,100 @@ def ct2_device(requested: str | None = None) -> tuple[str, int]:
     return kind, int(index or 0)
 
 
-class CT2Translator:
-    """An exported directory, loaded: `generate_ids` and `translate` mirror translate.generate_ids /
-    translate_texts (sorted batches, input order, empty texts -> None / "", truncation to the model's limit).
+class CT2Backend:
+    """A directory written by `export_ct2`, loaded: the CTranslate2 backend of the translation core
+    (translation_core.translate_batches), with the tokenizer saved beside it (`.tokenizer`).
 
-    Decoding settings come from the exported generation_config.json unless given: greedy or beam search,
-    `max_new_tokens` (else max_length - 1, the start token counting in max_length), `min_length`,
-    `length_penalty`, `repetition_penalty` and `no_repeat_ngram_size`. CTranslate2's beam search stops once
-    `num_beams` hypotheses have ended, which is `generate(..., early_stopping=True)` (what train.py saves); with
-    early_stopping=False `generate()` may search on and pick another hypothesis.
+    Decoding settings come from the exported generation_config.json: greedy or beam search, the length limit,
+    `min_length`, `length_penalty`, `repetition_penalty` and `no_repeat_ngram_size`; settings CTranslate2 cannot
+    honour (sampling, forced or suppressed tokens...) are refused at load. CTranslate2 bounds only a whole batch,
+    so the core gives it batches of sentences with one bound (`per_row_bounds = False`). Its beam search stops
+    once `num_beams` hypotheses have ended, which is `generate(..., early_stopping=True)` (what train.py saves).
     """
+
+    per_row_bounds = False
 
     def __init__(self, model_dir, device: str = "cpu", device_index: int = 0, compute_type: str = "default",
                  intra_threads: int = 0):
         ctranslate2 = require_ctranslate2()
-        from transformers import AutoTokenizer, GenerationConfig
+        from transformers import GenerationConfig
 
-        path = Path(model_dir)
-        if not path.is_dir():
-            raise CT2ExportError(f"model directory not found: {model_dir}")
-        if not (path / "model.bin").is_file():
-            raise CT2ExportError(
-                f"{model_dir} is not a CTranslate2 model directory (no model.bin): export it first with "
-                f"hf-scratch-export-ct2 --model {model_dir} --output_dir DIR"
-            )
-        if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
-            raise CT2ExportError(f"no tokenizer files in {model_dir}: was it written by hf-scratch-export-ct2?")
+        from .translate import load_tokenizer
+        from .translation_core import check_tokenizer_fits
+
+        path = Path(model_dir).expanduser()
+        _check_ct2_dir(path, model_dir)
         try:
-            self.translator = ctranslate2.Translator(
-                str(path), device=device, device_index=device_index, compute_type=compute_type,
-                intra_threads=intra_threads, inter_threads=1,
-            )
+            self.translator = ctranslate2.Translator(str(path), device=device, device_index=device_index,
+                                                     compute_type=compute_type, intra_threads=intra_threads,
+                                                     inter_threads=1)
         except (RuntimeError, ValueError) as error:
             raise CT2ExportError(f"cannot load the CTranslate2 model in {model_dir}: {error}") from None
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.generation_config = (
-            GenerationConfig.from_pretrained(str(path)) if (path / "generation_config.json").is_file()
-            else GenerationConfig()
-        )
-        info_file = path / INFO_FILE
-        self.info = json.loads(info_file.read_text(encoding="utf-8")) if info_file.is_file() else {}
-        vocabulary_file = path / "shared_vocabulary.json"
-        if vocabulary_file.is_file():
-            self.tokens = json.loads(vocabulary_file.read_text(encoding="utf-8"))
-        else:
-            self.tokens = vocabulary_tokens(self.tokenizer, len(self.tokenizer))
+        self.tokenizer = load_tokenizer(str(path), os.fspath(model_dir))
+        has_config = (path / "generation_config.json").is_file()
+        self.generation_config = GenerationConfig.from_pretrained(str(path)) if has_config else GenerationConfig()
+        _check_generation_config(self.generation_config)
+        info = _read_json(path / INFO_FILE, {})
+        self.tokens = _read_json(path / "shared_vocabulary.json", None) or vocabulary_tokens(self.tokenizer,
+                                                                                              len(self.tokenizer))
         self.index = {token: i for i, token in enumerate(self.tokens)}
-        limits = [self.info.get("max_position_embeddings"), getattr(self.tokenizer, "model_max_length", None)]
-        limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000]
-        self.max_source_length = min(limits) if limits else 512
+        self.vocab_size = len(self.tokens)
+        self.max_positions = info.get("max_position_embeddings")
+        try:
+            check_tokenizer_fits(self.tokenizer, self.vocab_size)
+        except ValueError as error:
+            raise CT2ExportError(f"{model_dir}: {error}") from None
 
-    def decoding_options(self, num_beams: int | None = None, max_new_tokens: int | None = None) -> dict:
-        """translate_batch options equivalent to `generate()` with this generation_config and overrides."""
+    def generate(self, source_ids: list[list[int]], bounds: list[int], num_beams: int, num_return_sequences: int,
+                 with_scores: bool) -> list[list[tuple[list[int], float | None]]]:
+        """Per source, `num_return_sequences` (token ids, score) pairs, best first; `bounds` are all equal."""
         gc = self.generation_config
-        for name, default in UNSUPPORTED_GENERATION.items():
-            value = getattr(gc, name, default)
-            if value not in (default, None):
-                raise CT2ExportError(
-                    f"generation_config sets {name}={value!r}, which the CTranslate2 backend does not support"
-                )
-        if max_new_tokens is None:
-            if gc.max_new_tokens is not None:
-                max_new_tokens = gc.max_new_tokens
-            elif gc.max_length is not None:
-                max_new_tokens = gc.max_length - 1  # the decoder start token counts in max_length
-            else:
-                max_new_tokens = 256
         min_new_tokens = gc.min_new_tokens if gc.min_new_tokens is not None else max((gc.min_length or 0) - 1, 0)
-        return dict(
-            beam_size=num_beams if num_beams is not None else (gc.num_beams or 1),
-            max_decoding_length=max_new_tokens,
+        results = self.translator.translate_batch(
+            [[self.tokens[token_id] for token_id in ids] for ids in source_ids],
+            beam_size=num_beams, num_hypotheses=num_return_sequences, max_decoding_length=max(bounds),
             min_decoding_length=min_new_tokens,
             length_penalty=gc.length_penalty if gc.length_penalty is not None else 1.0,
             repetition_penalty=gc.repetition_penalty if gc.repetition_penalty is not None else 1.0,
-            no_repeat_ngram_size=gc.no_repeat_ngram_size or 0,
-            patience=1,
-            num_hypotheses=1,
-            return_end_token=True,  # ids end with </s> as generate()'s do; also its length normalisation counts it
-            max_input_length=0,  # inputs are truncated here, as the default backend does
-            max_batch_size=0,
+            no_repeat_ngram_size=gc.no_repeat_ngram_size or 0, patience=1, return_scores=with_scores,
+            return_end_token=True,  # ids end with </s> as generate()'s do; its length normalisation counts it too
+            max_input_length=0, max_batch_size=0,  # the core has cut and batched the inputs
         )
+        return [[([self.index[token] for token in hypothesis], score if with_scores else None)
+                 for hypothesis, score in zip(result.hypotheses, result.scores or [None] * len(result.hypotheses))]
+                for result in results]
 
-    def generate_ids(self, texts: list[str], batch_size: int = 32, num_beams: int | None = None,
-                     max_new_tokens: int | None = None, progress: bool = False) -> list[list[int] | None]:
-        """Generated token ids per text (ending with </s> unless cut by the length limit), None for an empty
-        text; in input order."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        options = self.decoding_options(num_beams, max_new_tokens)
-        results: list[list[int] | None] = [None] * len(texts)
-        todo = [i for i, text in enumerate(texts) if text.strip()]
-        if not todo:
-            return results
-        source = dict(zip(todo, self.tokenizer([texts[i] for i in todo], verbose=False)["input_ids"]))
-        too_long = [i for i in todo if len(source[i]) > self.max_source_length]
-        if too_long:  # as the default backend: truncate (keeping </s>) and say so
-            logger.warning(
-                f"{len(too_long)} input text(s) longer than the model's limit of {self.max_source_length} tokens were "
-                f"truncated to it (first: text {too_long[0] + 1}, {len(source[too_long[0]])} tokens); split long "
-                f"texts into sentences"
-            )
-            truncated = self.tokenizer([texts[i] for i in too_long], truncation=True,
-                                       max_length=self.max_source_length)["input_ids"]
-            source.update(zip(too_long, truncated))
-        order = sorted(todo, key=lambda i: -len(source[i]))
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(order), unit="sent", desc="translating", dynamic_ncols=True)
-        try:
-            for begin in range(0, len(order), batch_size):
-                indices = order[begin : begin + batch_size]
-                batch = [[self.tokens[token_id] for token_id in source[i]] for i in indices]
-                for index, result in zip(indices, self.translator.translate_batch(batch, **options)):
-                    results[index] = [self.index[token] for token in result.hypotheses[0]]
-                if bar is not None:
-                    bar.update(len(indices))
-        finally:
-            if bar is not None:
-                bar.close()
-        return results
+def _read_json(path: Path, default):
+    """The JSON in `path`, `default` when there is no such file; a file that is not JSON is named in one line."""
+    if not path.is_file():
+        return default
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise CT2ExportError(f"{path} is not readable JSON ({error}): export the model again") from None
 
-    def translate(self, texts: list[str], batch_size: int = 32, num_beams: int | None = None,
-                  max_new_tokens: int | None = None, progress: bool = False) -> list[str]:
-        """One output string per input text, in input order; empty texts give empty strings."""
-        from .translate import decode_ids
 
-        ids = self.generate_ids(texts, batch_size, num_beams, max_new_tokens, progress)
-        return [decode_ids(self.tokenizer, token_ids) for token_ids in ids]
+def _check_ct2_dir(path: Path, name) -> None:
+    """A local directory (never a hub id) holding a CTranslate2 model and tokenizer files."""
+    if not path.is_dir():
+        what = "is a file, not a directory" if path.exists() else "does not exist (no such directory)"
+        raise CT2ExportError(f"model directory not found: {name} {what}; the ct2 backend reads a local directory "
+                             f"written by hf-scratch-export-ct2")
+    if not (path / "model.bin").is_file():
+        raise CT2ExportError(f"{name} is not a CTranslate2 model directory (no model.bin): export it first with "
+                             f"hf-scratch-export-ct2 --model {name} --output_dir DIR")
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        raise CT2ExportError(f"no tokenizer files in {name}: was it written by hf-scratch-export-ct2?")
+
+
+def _check_generation_config(generation_config) -> None:
+    """Refuse the generation_config settings CTranslate2 cannot honour, rather than ignore them."""
+    for name, default in UNSUPPORTED_GENERATION.items():
+        value = getattr(generation_config, name, default)
+        if value not in (default, None):
+            raise CT2ExportError(f"generation_config sets {name}={value!r}, which the CTranslate2 backend does not "
+                                 f"support")
 
 
 # ---------------------------------------------------------------------------------------------------- command
@@ -436,7 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run `hf-scratch-export-ct2` with `argv`; returns the exit status (2 for a problem the user can fix)."""
+    """Run `hf-scratch-export-ct2` with `argv`; returns the exit status (2 for a problem the user can fix, 1 for a
+    full disk)."""
     args = build_parser().parse_args(argv)
     if not args.debug:
         os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -457,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"hf-scratch-export-ct2: error: {error}", file=sys.stderr)
-        return 2
+        return getattr(error, "exit_status", 2)
     print(f"CTranslate2 model ({args.quantization or 'float32'}) written to {output}", file=sys.stderr)
     return 0
 

@@ -1,8 +1,9 @@
-"""CTranslate2 export (hf_scratch_transformer.export_ct2) and `hf-scratch-translate --backend ct2`.
+"""CTranslate2 export (hf_scratch_transformer.ct2) and `hf-scratch-translate --backend ct2`.
 
 The exported model must decode to the token ids of `generate()` itself (greedy and beam search), on a tiny model
 trained on the CLI fixtures' sentence pairs plus sentences it has never seen (one truncated to the model's
-limit), in padded batches, with translations ending in </s> and cut by the length limit.
+limit), in padded batches, with translations ending in </s> and cut by the length limit; and every way of
+translating (command line with either backend, pipeline, `translate()`) must give the same output.
 """
 
 import shutil
@@ -12,18 +13,19 @@ import ctranslate2  # in the dev extra: pip install -e ".[dev]"
 import pytest
 import torch
 from helpers import PAIRS_EN_ES, REPO, run_cli, start_cli
+from tmpfs import small_tmpfs
 
 from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration
-from hf_scratch_transformer.export_ct2 import (
+from hf_scratch_transformer.ct2 import (
     INSTALL_HINT,
+    CT2Backend,
     CT2ExportError,
-    CT2Translator,
     build_spec,
     export_ct2,
     main as export_main,
     unexpressible_settings,
 )
-from hf_scratch_transformer.translate import strip_generated
+from hf_scratch_transformer.translation_core import DecodingOptions, strip_generated, translate_batches
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -65,8 +67,15 @@ def reference_ids(model, tokenizer, texts, batch_size=8, **generate_kwargs):
                           max_length=model.config.max_position_embeddings, return_tensors="pt")
         with torch.no_grad():
             output = model.generate(**batch, **generate_kwargs)
-        results += [strip_generated(ids, model) for ids in output.tolist()]
+        results += [strip_generated(ids, model.generation_config, 1) for ids in output.tolist()]
     return results
+
+
+def ct2_ids(directory, texts, **options) -> list[list[int]]:
+    """Token ids of the best hypothesis per text, CTranslate2 backend through the translation core."""
+    backend = CT2Backend(directory, intra_threads=1)
+    found = translate_batches(backend, backend.tokenizer, texts, DecodingOptions(**options))
+    return [hypotheses[0].token_ids if hypotheses else [] for hypotheses in found]
 
 
 # ----------------------------------------------------------------------------------------------- exactness
@@ -74,13 +83,13 @@ def reference_ids(model, tokenizer, texts, batch_size=8, **generate_kwargs):
 @pytest.mark.parametrize("max_new_tokens", [None, 6])
 def test_fp32_export_gives_generate_token_ids(trained_model, exported, num_beams, max_new_tokens):
     model, tokenizer, _ = trained_model
-    translator = CT2Translator(exported["float32"], intra_threads=1)
     limit = max_new_tokens or model.generation_config.max_length - 1
     kwargs = dict(num_beams=num_beams, max_new_tokens=limit, max_length=None)
     if num_beams > 1:
         kwargs["early_stopping"] = True  # what CTranslate2's beam search does (and train.py saves)
     expected = reference_ids(model, tokenizer, TEXTS, **kwargs)
-    got = translator.generate_ids(TEXTS, batch_size=8, num_beams=num_beams, max_new_tokens=max_new_tokens)
+    got = ct2_ids(exported["float32"], TEXTS, batch_size=8, num_beams=num_beams, max_new_tokens=max_new_tokens,
+                  max_len_a=0, max_len_b=0)  # generate() given one max_new_tokens: no bound per sentence
     assert got == expected
     eos = model.generation_config.eos_token_id
     assert sum(ids[-1] == eos for ids in expected) >= len(PAIRS_EN_ES) // 2 or max_new_tokens  # real sentences
@@ -111,14 +120,13 @@ def test_int8_export_loads_translates_and_is_smaller(trained_model, exported):
     import sacrebleu
 
     model, tokenizer, _ = trained_model
-    fp32, int8 = (CT2Translator(exported[q], intra_threads=1) for q in ("float32", "int8"))
     assert (exported["int8"] / "model.bin").stat().st_size < 0.5 * (exported["float32"] / "model.bin").stat().st_size
     sources, references = zip(*PAIRS_EN_ES)
-    ids_fp32 = fp32.generate_ids(list(sources), num_beams=1)
-    ids_int8 = int8.generate_ids(list(sources), num_beams=1)
+    ids_fp32, ids_int8 = (ct2_ids(exported[q], list(sources), num_beams=1) for q in ("float32", "int8"))
     agreement = sum(a == b for a, b in zip(ids_fp32, ids_int8)) / len(sources)
-    bleu = {name: sacrebleu.corpus_bleu(t.translate(list(sources), num_beams=1), [list(references)]).score
-            for name, t in (("fp32", fp32), ("int8", int8))}
+    bleu = {name: sacrebleu.corpus_bleu([tokenizer.decode(x, skip_special_tokens=True) for x in ids],
+                                        [list(references)]).score
+            for name, ids in (("fp32", ids_fp32), ("int8", ids_int8))}
     print(f"int8 vs fp32: identical token ids {agreement:.0%}, BLEU {bleu['int8']:.1f} vs {bleu['fp32']:.1f}")
     assert all(ids and ids[-1] == model.generation_config.eos_token_id for ids in ids_int8)
     assert agreement >= 0.8
@@ -216,10 +224,10 @@ def test_missing_ctranslate2_is_one_clear_line(trained_model_dir, tmp_path, monk
 # ------------------------------------------------------------------------------------------------- the CLI
 def test_export_command_then_translate_backend_matches_default_backend(model_dir, tmp_path):
     out = tmp_path / "ct2"
-    export = run_cli_module("hf_scratch_transformer.export_ct2", "--model", model_dir, "--output_dir", out)
+    export = run_cli_module("hf_scratch_transformer.ct2", "--model", model_dir, "--output_dir", out)
     assert export.returncode == 0, export.stderr
     assert "written to" in export.stderr
-    again = run_cli_module("hf_scratch_transformer.export_ct2", "--model", model_dir, "--output_dir", out)
+    again = run_cli_module("hf_scratch_transformer.ct2", "--model", model_dir, "--output_dir", out)
     assert again.returncode == 2 and "not empty" in again.stderr
 
     lines = ["Jesus wept.", "", "In the beginning God created the heavens and the earth.", "   ", "God is love.",
@@ -255,6 +263,8 @@ def test_ct2_backend_refuses_a_pytorch_directory_and_attention(model_dir, export
     assert wrong.stderr.count("\n") == 1
     attention = run_cli("--backend", "ct2", "--model", exported["float32"], "Jesus wept.", "--attention", "a.png")
     assert attention.returncode == 2 and "--attention needs the default backend" in attention.stderr
+    alignment = run_cli("--backend", "ct2", "--model", exported["float32"], "Jesus wept.", "--print_alignment")
+    assert alignment.returncode == 2 and "--print_alignment needs the default backend" in alignment.stderr
 
 
 def run_cli_module(module, *args):
@@ -266,3 +276,63 @@ def run_cli_module(module, *args):
            "HF_HUB_OFFLINE": "1", "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,
                           encoding="utf-8", cwd=REPO, env=env, timeout=180)
+
+
+# ------------------------------------------------------------------------------------ one translation, every path
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_every_path_gives_the_same_translations(model_dir, exported, tmp_path, num_beams, capsys):
+    """translate(), the pipeline, the command line with either backend and the CTranslate2 backend through the
+    core: the same lines, each batched differently (a sentence's length bound is its own)."""
+    from hf_scratch_transformer import cli, translation_pipeline
+    from hf_scratch_transformer.translate import load_model_and_tokenizer, translate
+
+    model, tokenizer = load_model_and_tokenizer(model_dir)
+    texts = [PAIRS_EN_ES[0][0], "", *UNSEEN, "   ", PAIRS_EN_ES[5][0]]
+    expected = translate(model, tokenizer, texts, num_beams=num_beams)
+    assert expected[1] == "" == expected[-2] and all(expected[i] for i in (0, 2, 3, 4, 5, 6, 8))
+    assert len(set(expected)) >= 6
+    pipe = translation_pipeline(model, tokenizer, batch_size=2)
+    assert [result["translation_text"] for result in pipe(texts, num_beams=num_beams)] == expected
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    for backend, directory, batch in (("pytorch", model_dir, "3"), ("ct2", exported["float32"], "5")):
+        assert cli.main(["--backend", backend, "--model", str(directory), "--input_file", str(tmp_path / "in.txt"),
+                         "--num_beams", str(num_beams), "--batch_size", batch, "--no_progress"]) == 0
+        assert capsys.readouterr().out.split("\n") == expected + [""], backend
+    backend = CT2Backend(exported["float32"], intra_threads=1)
+    found = translate_batches(backend, tokenizer, texts, DecodingOptions(num_beams=num_beams, batch_size=1))
+    assert [hypotheses[0].text if hypotheses else "" for hypotheses in found] == expected
+
+
+def test_ctranslate2_gives_the_same_nbest_lists_and_scores(model_dir, exported):
+    from hf_scratch_transformer.translate import load_model_and_tokenizer, translate
+
+    model, tokenizer = load_model_and_tokenizer(model_dir)
+    texts = [source for source, _ in PAIRS_EN_ES[:8]] + UNSEEN[:3]
+    ours = translate(model, tokenizer, texts, num_beams=4, num_return_sequences=3)
+    backend = CT2Backend(exported["float32"], intra_threads=1)
+    theirs = translate_batches(backend, tokenizer, texts, DecodingOptions(num_beams=4, num_return_sequences=3))
+    assert [[h.token_ids for h in found] for found in theirs] == [[h.token_ids for h in found] for found in ours]
+    for found_ours, found_theirs in zip(ours, theirs):
+        assert [h.score for h in found_theirs] == pytest.approx([h.score for h in found_ours], abs=1e-4)
+
+
+# ---------------------------------------------------------------------------------- export into a bad place
+def test_export_to_a_read_only_or_full_filesystem_leaves_nothing_half_written(model_dir, tmp_path, capsys):
+    def earlier_export(path):
+        (path / "ct2").mkdir()
+        (path / "ct2" / "model.bin").write_bytes(b"the earlier export")
+
+    with small_tmpfs(tmp_path / "ro", 64, read_only=True) as read_only:
+        assert export_main(["--model", str(model_dir), "--output_dir", str(read_only / "ct2")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"cannot write the CTranslate2 model {read_only / 'ct2'}" in err
+        assert "Read-only file system" in err and list(read_only.iterdir()) == []
+    with small_tmpfs(tmp_path / "full", 64, earlier_export) as full:  # the model needs ~1 MB
+        assert export_main(["--model", str(model_dir), "--output_dir", str(full / "ct2"), "--force"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"no space left on device writing the CTranslate2 model {full / 'ct2'}" in err
+        assert [path.name for path in full.iterdir()] == ["ct2"]  # no partial folder beside it
+        assert (full / "ct2" / "model.bin").read_bytes() == b"the earlier export"  # --force replaces only when done
+    status = export_main(["--model", str(model_dir), "--output_dir", str(tmp_path / ("z" * 300))])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and "File name too long" in err

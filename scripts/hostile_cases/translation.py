@@ -1,0 +1,278 @@
+"""Hostile cases of translating: hf-scratch-translate's flags, lines and streams, poisoned or mismatched model
+directories, unwritable paths, the Python API and the pipeline, the CTranslate2 export.
+
+Each case asserts the class of outcome: a refusal is ONE line naming the cause, with exit status 2 (the user's
+to fix) or 1 (the environment); an input that must work gives the documented result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from hostile_inputs import Case, Failure, Workspace, _expect_value_error, one_line
+
+CATEGORY = "translation"
+
+
+def run(argv: list, stdin: bytes = b"", stdout=None) -> tuple[int, str, str]:
+    """hf-scratch-translate's main in this process: (exit status, stderr, stdout); argparse's own refusals
+    (SystemExit) count as exit statuses. `stdout` replaces standard output (default: captured)."""
+    from hf_scratch_transformer import cli
+
+    err, out = io.StringIO(), stdout if stdout is not None else io.StringIO()
+    saved = sys.stdin, sys.stdout
+    sys.stdin, sys.stdout = io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"), out
+    try:
+        with contextlib.redirect_stderr(err):
+            try:
+                code = cli.main([str(a) for a in argv])
+            except SystemExit as exit_:
+                code = exit_.code
+    finally:
+        sys.stdin, sys.stdout = saved
+    return code, err.getvalue(), out.getvalue() if isinstance(out, io.StringIO) else ""
+
+
+def refused(argv_of, code: int, *parts) -> callable:
+    """A check: the command given `argv_of(ws)` ends with `code` and one line naming every part."""
+    def check(ws: Workspace) -> str:
+        status, err, _ = run(argv_of(ws))
+        return one_line(status, err, code, *parts)
+    return check
+
+
+# ----------------------------------------------------------------------------- flags, checked before the model
+def flag(name: str, value: str, *parts) -> Case:
+    """The flag is refused by name although --model does not exist: checked before anything is loaded."""
+    return Case(f"cli_{name.strip('-')}_{value}", CATEGORY,
+                refused(lambda ws: ["--model", ws.root / "no-such-model", name, value, "Jesus wept."], 2, name, *parts))
+
+
+FLAG_CASES = [
+    flag("--max_len_a", "nan", "finite", "got nan"),
+    flag("--max_len_b", "inf", "finite", "got inf"),
+    flag("--max_len_a", "-0.5", ">= 0", "got -0.5"),
+    flag("--num_beams", "-1", "whole number >= 1", "got -1"),
+    flag("--batch_size", "0", "whole number >= 1", "got 0"),
+    flag("--max_new_tokens", "0", "whole number >= 1", "got 0"),
+    flag("--nbest", "0", "whole number >= 1", "got 0"),
+    flag("--batch_size", "nan", "invalid int value: 'nan'"),
+    Case("cli_nbest_above_the_beam_size", CATEGORY, refused(
+        lambda ws: ["--model", ws.model_dir(), "--nbest", "4", "--num_beams", "2", "x"], 2, "--nbest",
+        "at most the beam size (2)")),
+    Case("cli_alignment_layer_out_of_range", CATEGORY, refused(
+        lambda ws: ["--model", ws.model_dir(), "--print_alignment", "--alignment_layer", "5", "x"], 2,
+        "--alignment_layer", "1 to 2", "got 5")),
+    Case("cli_ct2_print_alignment", CATEGORY, refused(
+        lambda ws: ["--backend", "ct2", "--model", ws.root / "x", "--print_alignment", "x"], 2,
+        "--print_alignment needs the default backend")),
+]
+
+
+# ------------------------------------------------------------------------------------------------ lines in, out
+def _lines_kept(data: bytes, expected_lines: int):
+    def check(ws: Workspace) -> str:
+        status, err, out = run(["--model", ws.model_dir()], stdin=data)
+        if status != 0 or "Traceback" in err:
+            raise Failure(f"exit status {status}: {err.strip()[-300:]}")
+        lines = out.split("\n")
+        if lines[-1] != "" or len(lines) - 1 != expected_lines or any("\r" in line for line in lines):
+            raise Failure(f"{expected_lines} input lines gave {len(lines) - 1} output lines: {out!r}")
+        return f"{expected_lines} lines in, {expected_lines} lines out"
+    return check
+
+
+BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+LINE_CASES = [
+    Case("unicode_line_breaks_inside_lines", CATEGORY, _lines_kept(
+        "".join(f"God is love.{mark}Jesus wept.\n" for mark in BREAKS).encode("utf-8"), len(BREAKS))),
+    Case("crlf_line_endings", CATEGORY, _lines_kept(b"Jesus wept.\r\n\r\nGod is love.\r\n", 3)),
+]
+
+
+# ------------------------------------------------------------------------------------------- poisoned models
+def damaged(name: str, damage, *parts) -> Case:
+    def check(ws: Workspace) -> str:
+        model = ws.model_dir()
+        damage(model)
+        status, err, out = run(["--model", model, "Jesus wept."])
+        if out:
+            raise Failure(f"translated anyway: {out!r}")
+        return one_line(status, err, 2, *parts)
+    return Case(name, CATEGORY, check)
+
+
+def _tensors(change):
+    def damage(model: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(model / "model.safetensors")
+        change(tensors)
+        save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    return damage
+
+
+def _config(**values):
+    def damage(model: Path) -> None:
+        config = json.loads((model / "config.json").read_text())
+        config.update(values)
+        (model / "config.json").write_text(json.dumps(config))
+    return damage
+
+
+def _nan(tensors) -> None:
+    tensors["model.shared.weight"][:] = float("nan")
+
+
+def _inf(tensors) -> None:
+    tensors["model.encoder.layers.0.feed_forward.fc1.weight"][3, 3] = float("inf")
+
+
+def _text(filename: str, text: str):
+    return lambda model: (model / filename).write_text(text)
+
+
+MODEL_CASES = [
+    damaged("all_nan_weights", _tensors(_nan), "NaN or infinite", "model.shared.weight", "earlier checkpoint"),
+    damaged("one_inf_weight", _tensors(_inf), "NaN or infinite", "model.encoder.layers.0.feed_forward.fc1.weight"),
+    damaged("missing_tensor", _tensors(lambda t: t.pop("model.decoder.layers.1.feed_forward.fc2.bias")),
+            "model.safetensors", "lacks 1 tensor(s)", "model.decoder.layers.1.feed_forward.fc2.bias"),
+    damaged("extra_tensor", _tensors(lambda t: t.__setitem__("model.decoder.gate", t["model.shared.weight"][:2] * 1)),
+            "model.safetensors", "holds 1 tensor(s)", "model.decoder.gate"),
+    damaged("config_d_model_contradicts_weights", _config(d_model=96), "config.json", "contradicts model.safetensors",
+            "d_model 96"),
+    damaged("config_vocab_size_contradicts_weights", _config(vocab_size=500), "contradicts model.safetensors",
+            "model.shared.weight"),
+    damaged("garbage_tokenizer_json", _text("tokenizer.json", "\x00\x01 not json"), "tokenizer.json",
+            "not valid JSON"),
+    damaged("tokenizer_json_of_no_tokenizer", _text("tokenizer.json", "[1, 2, 3]"), "tokenizer", "cannot be read"),
+    damaged("garbage_tokenizer_config", _text("tokenizer_config.json", "{"), "tokenizer_config.json",
+            "not valid JSON"),
+]
+
+
+# ----------------------------------------------------------------------------------------------- paths
+def _fast_missing(ws: Workspace) -> str:
+    saved, offline = os.getcwd(), os.environ.pop("HF_HUB_OFFLINE", None)
+    os.chdir(ws.fresh("empty"))
+    try:
+        started = time.perf_counter()
+        status, err, _ = run(["--model", "outputs/does-not-exist", "x"])
+        seconds = time.perf_counter() - started
+    finally:
+        os.chdir(saved)
+        if offline is not None:
+            os.environ["HF_HUB_OFFLINE"] = offline
+    if seconds >= 5:
+        raise Failure(f"took {seconds:.1f} s")
+    return one_line(status, err, 2, "no such directory outputs/does-not-exist")
+
+
+PATH_CASES = [
+    Case("missing_local_model_fails_fast", CATEGORY, _fast_missing),
+    Case("model_is_a_file", CATEGORY, refused(
+        lambda ws: ["--model", ws.model_dir() / "config.json", "x"], 2, "is a file, not a model directory")),
+    Case("model_name_too_long", CATEGORY, refused(
+        lambda ws: ["--model", ws.root / ("m" * 300), "x"], 2, "File name too long")),
+    Case("output_file_name_too_long", CATEGORY, refused(
+        lambda ws: ["--model", ws.model_dir(), "-o", ws.root / ("o" * 300), "x"], 2, "output file",
+        "File name too long")),
+    Case("output_file_is_a_directory", CATEGORY, refused(
+        lambda ws: ["--model", ws.model_dir(), "-o", ws.fresh("a-directory"), "x"], 2, "cannot write output file")),
+    Case("attention_png_name_too_long", CATEGORY, refused(
+        lambda ws: ["--model", ws.model_dir(), "--attention", ws.root / ("a" * 300 + ".png"), "x"], 2,
+        "cannot write attention plot", "File name too long")),
+]
+
+
+# ---------------------------------------------------------------------------------------------- streams
+def _full_stdout(ws: Workspace) -> str:
+    with open("/dev/full", "w", encoding="utf-8") as full:
+        status, err, _ = run(["--model", ws.model_dir(), "Jesus wept."], stdout=full)
+    return one_line(status, err, 1, "no space left on device writing standard output")
+
+
+def _closed_pipe(ws: Workspace) -> str:
+    reader, writer = os.pipe()
+    os.close(reader)  # `| head -1` that has already gone
+    with os.fdopen(writer, "w", encoding="utf-8") as pipe:
+        status, err, _ = run(["--model", ws.model_dir(), "Jesus wept.", "God is love."], stdout=pipe)
+    if status != 0 or err:
+        raise Failure(f"exit status {status}, stderr {err!r}")
+    return "exit status 0, nothing on stderr"
+
+
+def _deleted_working_directory(ws: Workspace) -> str:
+    model, saved, gone = ws.model_dir(), os.getcwd(), ws.fresh("gone")
+    os.chdir(gone)
+    gone.rmdir()
+    try:
+        status, err, out = run(["--model", model, "Jesus wept."])
+        if status != 0 or not out.strip():
+            raise Failure(f"absolute paths should still work: exit status {status}, {err.strip()[-200:]}")
+        status, err, _ = run(["--model", model, "-o", "relative.txt", "Jesus wept."])
+    finally:
+        os.chdir(saved)
+    return one_line(status, err, 2, "working directory was deleted", "relative.txt")
+
+
+STREAM_CASES = [Case("stdout_is_dev_full", CATEGORY, _full_stdout),
+                Case("stdout_closed_early", CATEGORY, _closed_pipe),
+                Case("working_directory_deleted", CATEGORY, _deleted_working_directory)]
+
+
+# ------------------------------------------------------------------------------------------ API and pipeline
+def _loaded(ws: Workspace):
+    from hf_scratch_transformer.translate import load_model_and_tokenizer
+
+    if not hasattr(ws, "_translation_model"):
+        ws._translation_model = load_model_and_tokenizer(ws.model_dir())
+    return ws._translation_model
+
+
+def _api(texts, kind, *parts, **options):
+    def check(ws: Workspace) -> str:
+        from hf_scratch_transformer.translate import translate
+
+        model, tokenizer = _loaded(ws)
+        return _expect_value_error(lambda: translate(model, tokenizer, texts, **options), *parts, kind=kind)
+    return check
+
+
+def _pipeline_none(ws: Workspace) -> str:
+    from hf_scratch_transformer import translation_pipeline
+
+    pipe = translation_pipeline(*_loaded(ws))
+    return _expect_value_error(lambda: pipe(["Jesus wept.", None]), "texts[1] is None", kind=TypeError)
+
+
+def _ct2_export_name_too_long(ws: Workspace) -> str:
+    from hf_scratch_transformer.ct2 import main
+
+    parent = ws.fresh("ct2")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = main(["--model", str(ws.model_dir()), "--output_dir", str(parent / ("c" * 300))])
+    if list(parent.iterdir()):
+        raise Failure(f"left behind: {[path.name for path in parent.iterdir()]}")
+    return one_line(status, err.getvalue().replace("hf-scratch-export-ct2: error: ", "error: "), 2,
+                    "File name too long")
+
+
+API_CASES = [
+    Case("api_none_among_texts", CATEGORY, _api(["Jesus wept.", None], TypeError, "texts[1] is None")),
+    Case("api_a_string_not_a_list", CATEGORY, _api("Jesus wept.", TypeError, "list of strings", "[text]")),
+    Case("api_nan_max_len_a", CATEGORY, _api(["x"], ValueError, "max_len_a", "got nan", max_len_a=float("nan"))),
+    Case("api_nbest_above_beams", CATEGORY, _api(["x"], ValueError, "num_return_sequences", "beam size (2)",
+                                                 num_beams=2, num_return_sequences=3)),
+    Case("pipeline_none_among_texts", CATEGORY, _pipeline_none),
+    Case("ct2_export_name_too_long", CATEGORY, _ct2_export_name_too_long),
+]
+
+CASES = FLAG_CASES + LINE_CASES + MODEL_CASES + PATH_CASES + STREAM_CASES + API_CASES

@@ -1,0 +1,80 @@
+"""The translation core (translation_core.py) on the session's tiny trained model: batching and input order, each
+sentence's own length bound, batches of one bound for a backend that bounds whole batches, the per-batch hook.
+Every path through it (CLI, pipeline, translate(), CTranslate2) is compared in test_ct2.py."""
+
+import math
+
+import pytest
+from helpers import PAIRS_EN_ES
+
+from hf_scratch_transformer.translation_core import (
+    DEFAULT_MAX_LEN_A,
+    DEFAULT_MAX_LEN_B,
+    DecodingOptions,
+    TorchBackend,
+    length_bound,
+    new_tokens_cap,
+    translate_batches,
+)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TEXTS = ["", PAIRS_EN_ES[0][0], "Jesus wept.", "  ", "God God God God God God God God", PAIRS_EN_ES[10][0],
+         "Where is the river of the stars and the wife of the man?", "the"]
+
+
+class RecordingBackend(TorchBackend):
+    """The PyTorch backend, recording what the core asks of it; optionally one that bounds only whole batches."""
+
+    def __init__(self, model, per_row_bounds: bool = True):
+        super().__init__(model)
+        self.per_row_bounds = per_row_bounds
+        self.calls = []
+
+    def generate(self, source_ids, bounds, *args):
+        self.calls.append((list(map(len, source_ids)), list(bounds)))
+        return super().generate(source_ids, bounds, *args)
+
+
+def test_batches_are_sorted_by_length_and_results_come_back_in_input_order(trained_model):
+    model, tokenizer, _ = trained_model
+    backend = RecordingBackend(model)
+    found = translate_batches(backend, tokenizer, TEXTS, DecodingOptions(batch_size=3))
+    one_by_one = [translate_batches(TorchBackend(model), tokenizer, [text])[0] for text in TEXTS]
+    assert [[h.token_ids for h in hypotheses] for hypotheses in found] == \
+        [[h.token_ids for h in hypotheses] for hypotheses in one_by_one]
+    assert found[0] == [] and found[3] == [] and found[2][0].text == "Jesús lloró."
+    lengths = [length for batch, _ in backend.calls for length in batch]
+    assert lengths == sorted(lengths, reverse=True) and len(lengths) == 6  # the two empty texts never went in
+    assert [len(batch) for batch, _ in backend.calls] == [3, 3]
+    sources = {len(tokenizer(text)["input_ids"]) for text in TEXTS if text.strip()}
+    assert {bound for _, bounds in backend.calls for bound in bounds} == \
+        {min(length_bound(n, DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B), 31) for n in sources}
+
+
+def test_a_backend_bounding_whole_batches_gets_batches_of_one_bound(trained_model):
+    model, tokenizer, _ = trained_model
+    options = DecodingOptions(batch_size=4, max_len_a=0.5, max_len_b=1)
+    per_row = translate_batches(TorchBackend(model), tokenizer, TEXTS, options)
+    backend = RecordingBackend(model, per_row_bounds=False)
+    per_batch = translate_batches(backend, tokenizer, TEXTS, options)
+    assert all(len(set(bounds)) == 1 for _, bounds in backend.calls) and len(backend.calls) > 2
+    assert [[h.token_ids for h in found] for found in per_batch] == [[h.token_ids for h in found] for found in per_row]
+
+
+def test_on_batch_reports_the_tokens_and_seconds_of_each_batch(trained_model):
+    model, tokenizer, _ = trained_model
+    reports = []
+    found = translate_batches(TorchBackend(model), tokenizer, TEXTS, DecodingOptions(batch_size=4, num_beams=2,
+                                                                                      num_return_sequences=2),
+                              on_batch=lambda tokens, seconds: reports.append((tokens, seconds)))
+    assert len(reports) == 2 and all(seconds > 0 for _, seconds in reports)
+    assert sum(tokens for tokens, _ in reports) == sum(len(h.token_ids) for hypotheses in found for h in hypotheses)
+
+
+def test_the_length_cap_comes_from_the_generation_config_and_the_positions(trained_model):
+    model, _, _ = trained_model
+    config = model.generation_config  # max_length 32: 31 new tokens after the start token
+    assert new_tokens_cap(config, 64) == 31 and new_tokens_cap(config, 20) == 19 and new_tokens_cap(config, 64, 5) == 5
+    assert length_bound(10, 1.5, 10) == 25 and length_bound(3, 0.1, 0) == 1 and length_bound(9, 0, 0) is None
+    assert length_bound(7, 0.5, 2) == math.ceil(5.5)
