@@ -18,6 +18,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from .distributed import save_state_on_main
 from .errors import TrainingFault, UsageError
 
 logger = logging.getLogger("hf_scratch_transformer")
@@ -213,8 +214,7 @@ def save_checkpoint(accelerator, model, tokenizer, state: RunState, scheduler, o
         if accelerator.is_main_process and staging.exists():
             shutil.rmtree(staging)
         accelerator.wait_for_everyone()
-        accelerator.save_state(str(staging), safe_serialization=True)
-        accelerator.wait_for_everyone()  # every process's random states are written before the marker
+        save_state_on_main(accelerator, staging)
         if accelerator.is_main_process:
             state.scheduler = scheduler.state_dict()
             state.world_size = accelerator.num_processes

@@ -10,7 +10,6 @@ resuming, the output-directory lock) and `export` (the output directory and the 
 
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -37,6 +36,7 @@ from .checkpointing import (
     average_checkpoints,
     check_same_architecture,
     declare_tied_weights,
+    list_checkpoints,
     quiet_save_warnings,
     remove_checkpoints,
     resolve_checkpoint,
@@ -51,6 +51,13 @@ from .data import (
     load_parallel_corpus,
     make_collator,
     preprocess_corpus,
+)
+from .distributed import (
+    is_lost_process_error,
+    launched_rank,
+    lost_process_fault,
+    report_to_launcher,
+    stop_watching,
 )
 from .errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import Evaluator
@@ -78,7 +85,13 @@ def run_training(model_args: ModelArguments, data_args: DataArguments, args: Run
     lock = OutputDirLock(Path(args.output_dir))
     try:
         return _run_training(model_args, data_args, args, model_card_template, lock)
+    except RuntimeError as error:  # a collective operation failed: another process (or machine) was lost
+        if not is_lost_process_error(error):
+            raise
+        kept = list_checkpoints(Path(args.output_dir))
+        raise lost_process_fault(error, kept[-1] if kept else None, args.ddp_timeout) from error
     finally:
+        stop_watching()
         lock.release()
 
 
@@ -130,7 +143,7 @@ def _start(model_args: ModelArguments, data_args: DataArguments, args: RunArgume
     """Checks before any work, the lock of the output directory (main process), then Accelerate."""
     check_values(model_args, data_args, args)
     _quiet_libraries(args.verbose)
-    if int(os.environ.get("RANK", "0")) == 0:  # the main process, before Accelerate starts
+    if launched_rank() == 0:  # the main process, before Accelerate starts
         lock.acquire()
     check_output_dir(args)
     return start_accelerator(args, Path(args.output_dir))
@@ -353,7 +366,8 @@ def main(argv: list[str] | None = None, model_card_template: str | Path | None =
     finally:
         if previous_sigterm is not None:
             signal.signal(signal.SIGTERM, previous_sigterm)
-    print(json.dumps({key: value for key, value in results.items() if key != "filtered"}, indent=1))
+    if launched_rank() == 0:  # the other processes print errors only
+        print(json.dumps({key: value for key, value in results.items() if key != "filtered"}, indent=1))
     return 0
 
 
@@ -373,4 +387,5 @@ def _fail(message: str, code: int, debug: bool) -> int:
     if debug:
         logger.exception(message)
     print(message, file=sys.stderr)
+    report_to_launcher(message)
     return code
