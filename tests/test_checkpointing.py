@@ -15,7 +15,6 @@ from helpers import REPO, digests, fails_with, quick_flags, run_quick, run_tiny,
 from safetensors.torch import load_file
 
 from hf_scratch_transformer.checkpointing import CHECKPOINT_COMPLETE, LOCK_FILE, list_checkpoints
-from hf_scratch_transformer.loop import BATCH_TRACE_VARIABLE
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
 
@@ -136,9 +135,10 @@ def test_a_second_concurrent_run_is_refused_and_the_first_one_goes_on(tmp_path):
     first is then stopped with SIGINT and saves a checkpoint that exists."""
     trace_dir = tmp_path.parent / f"{tmp_path.name}-trace"
     trace_dir.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", BATCH_TRACE_VARIABLE: str(trace_dir),
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    first = subprocess.Popen([sys.executable, str(REPO / "train.py"),
+    # train.py that records each batch it trained on (tests/batch_trace.py)
+    first = subprocess.Popen([sys.executable, str(REPO / "tests" / "batch_trace.py"), str(trace_dir),
                               *quick_flags(tmp_path, max_steps=100_000, save_steps=0, eval_steps=0)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     try:
