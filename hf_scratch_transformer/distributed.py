@@ -106,12 +106,20 @@ def save_state_on_main(accelerator, directory: Path) -> None:
     group (Accelerate's own file per process, `random_states_<rank>.pkl`, which `load_state` reads back on each
     process). The other processes write nothing in the output directory: no two machines write one shared folder,
     and none depends on seeing another's files before the completion marker is written."""
-    states = None
+    states, failed = None, None
     if not accelerator.is_main_process:
-        with tempfile.TemporaryDirectory() as scratch:  # Accelerate's format, written outside the output directory
-            saved = save_accelerator_state(scratch, [], [], [], [], accelerator.process_index, accelerator.step)
-            states = (Path(saved) / f"{RNG_STATE_NAME}_{accelerator.process_index}.pkl").read_bytes()
+        try:
+            with tempfile.TemporaryDirectory() as scratch:  # Accelerate's format, outside the output directory
+                saved = save_accelerator_state(scratch, [], [], [], [], accelerator.process_index, accelerator.step)
+                states = (Path(saved) / f"{RNG_STATE_NAME}_{accelerator.process_index}.pkl").read_bytes()
+        except (OSError, RuntimeError) as error:  # raised after the gather, which the others are waiting in
+            failed = error
     gathered = gather_object([(accelerator.process_index, states)]) if accelerator.num_processes > 1 else []
+    if failed is not None:
+        raise failed
+    missing = [index for index, data in gathered if data is None and index != accelerator.process_index]
+    if accelerator.is_main_process and missing:  # no checkpoint without every part
+        raise OSError(f"process(es) {missing} could not save their random states (see their own messages)")
     if accelerator.is_main_process:
         accelerator.save_state(str(directory), safe_serialization=True)
         for index, data in gathered:
