@@ -384,8 +384,10 @@ def test_a_stopped_machine_is_given_up_after_ddp_timeout(tmp_path):
 def test_a_ddp_timeout_shorter_than_validation_stops_both_machines_with_its_advice(tmp_path):
     """Only rank 0 validates; the other process waits for it at a barrier, which --ddp_timeout 1 cuts short while
     every process is still running."""
-    flags = quick_flags(tmp_path / "out", **{**RUN, "max_steps": 20, "eval_steps": 2, "max_eval_samples": 64,
-                                             "eval_max_new_tokens": 32, "ddp_timeout": 1})
+    # a validation of 788 sentences of up to 64 tokens takes seconds on one thread (3.4 s for 400 on a busy core)
+    flags = quick_flags(tmp_path / "out", **{**RUN, "max_steps": 20, "eval_steps": 2, "max_eval_samples": 788,
+                                             "eval_max_new_tokens": 64, "max_len_a": 0, "max_len_b": 0,
+                                             "ddp_timeout": 1})
     machines = run_two_machines(tmp_path / "out", tmp_path / "trace", flags)
     messages = [lost_machine_message(machine) for machine in machines]
     assert all(machine.returncode == 1 for machine in machines)
