@@ -122,7 +122,8 @@ def run_two_machines(output_dir, trace_dir, flags: list[str], machine_1_mount: s
     machine_1 = machine_command(1, port, trace_dir, flags)
     if machine_1_mount:
         machine_1 = own_mount(machine_1_mount, output_dir, machine_1)
-    machines = [start(machine_command(0, port, trace_dir, flags), logs, "machine-0"), start(machine_1, logs, "machine-1")]
+    machines = [start(machine_command(0, port, trace_dir, flags), logs, "machine-0"),
+                start(machine_1, logs, "machine-1")]
     return tuple(finish(process) for process in machines)
 
 
