@@ -199,6 +199,10 @@ class RunArguments:
     cpu_threads: int = field(
         default=0, metadata={"help": "Torch threads per process on CPU (0: the CPUs available / local processes)."}
     )
+    ddp_timeout: int = field(
+        default=1800,
+        metadata={"help": "Several processes: seconds a process waits for the others at a collective operation before "
+                  "the run stops (a lost machine is noticed at once when its connection closes)."})
     debug: bool = field(default=False, metadata={"help": "Show full tracebacks of errors."})
     verbose: bool = field(
         default=False, metadata={"help": "Show the datasets progress bars and library logs that are hidden by default."})
@@ -446,6 +450,7 @@ def _numeric_rules(model_args: ModelArguments, data_args: DataArguments, args: R
         ("save_steps", args.save_steps, 0, inf, True, True),
         ("save_total_limit", args.save_total_limit, 1, inf, True, True),
         ("cpu_threads", args.cpu_threads, 0, inf, True, True),
+        ("ddp_timeout", args.ddp_timeout, 1, inf, True, True),
         ("dataloader_num_workers", args.dataloader_num_workers, 0, inf, True, True),
         ("eval_max_new_tokens", args.eval_max_new_tokens, 1, inf, True, True),
         ("dropout", model_args.dropout, 0, 1, True, False),

@@ -2,7 +2,6 @@
 round of a streamed corpus), periodic logging, validation and checkpoints, a non-finite loss check without per-step
 synchronisation, and SIGINT/SIGTERM handling (a checkpoint, then `RunInterrupted`)."""
 
-import json
 import logging
 import math
 import os
@@ -10,6 +9,7 @@ import random
 import signal
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -23,16 +23,16 @@ from .arguments import run_length
 from .checkpointing import RunState, load_checkpoint, resume_settings
 from .cpu_threads import thread_tuner
 from .data import make_batch_sampler, padding_fraction, sequence_lengths
+from .distributed import check_shared_output_dir, quiet_other_processes, start_process_group, watch_processes
 from .errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import log_row
 from .model_directory import push_during_training
-from .run_directory import list_checkpoints, save_checkpoint
+from .run_directory import list_checkpoints, save_checkpoint, staging_folder
 from .stopping import METRIC_NAMES, StoppingRules
 from .tokenization import BPEDropout
 
 logger = logging.getLogger("hf_scratch_transformer")
 STREAM_SHUFFLE_BUFFER = 10_000  # examples in the shuffle buffer of a --streaming training split
-BATCH_TRACE_VARIABLE = "HF_SCRATCH_BATCH_TRACE"  # a directory: each process appends the batches it trained on
 WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
@@ -67,21 +67,28 @@ def trackers(args) -> list[str]:
 
 
 def start_accelerator(args, output_dir: Path) -> Accelerator:
-    """Accelerate for the launched processes (refused if it does not join them all); on a CPU, every core used."""
+    """Accelerate for the launched processes (refused if it does not join them all; collectives wait at most
+    --ddp_timeout seconds, and a heartbeat lets a failed one name the lost process); on a CPU, every core used."""
     world_size = launched_world_size()
+    # torchrun-style launch on a machine without GPUs: one CPU process per rank over gloo (MULTI_CPU).
+    cpu = world_size > 1 and not torch.cuda.is_available()
+    if world_size > 1:
+        start_process_group(cpu, args.ddp_timeout)
     accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
         log_with=trackers(args) or None,
         project_dir=str(output_dir),
-        # torchrun-style launch on a machine without GPUs: one CPU process per rank over gloo (MULTI_CPU).
-        cpu=world_size > 1 and not torch.cuda.is_available(),
+        cpu=cpu,
     )
     if accelerator.num_processes != world_size:
         raise UsageError(
             f"{world_size} processes were launched but Accelerate joined {accelerator.num_processes} of "
             f"them: they would race in one --output_dir; launch with `accelerate launch --multi_gpu "
             f"--num_processes {world_size} --num_machines 1` (see README, Several processes)")
+    quiet_other_processes(accelerator)
+    check_shared_output_dir(accelerator, output_dir, partial(staging_folder, what="the shared-directory check"))
+    watch_processes(accelerator)
     return accelerator
 
 
@@ -245,9 +252,6 @@ class TrainingLoop:
         # Stepped by hand once per optimiser step: Accelerate's wrapper would step it once per process.
         self.scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,
                                        num_training_steps=self.total_steps)
-        trace = os.environ.get(BATCH_TRACE_VARIABLE)
-        self.trace = (open(Path(trace) / f"rank-{accelerator.process_index}.jsonl", "a", encoding="utf-8")
-                      if trace else None)
         # A non-finite loss is recorded on the device and looked at only before logging, validating or saving:
         # a per-step `.item()` would make the host wait for the GPU at every step.
         self._first_bad = torch.full((2,), -1.0, device=accelerator.device)  # (step, loss) of the first non-finite
@@ -270,9 +274,6 @@ class TrainingLoop:
                 self.progress.close()
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
-            if self.trace is not None:
-                self.trace.close()
-                self.trace = None
 
     def _train_loop(self) -> None:
         state = self.state
@@ -349,11 +350,6 @@ class TrainingLoop:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         state.batches_done_in_epoch += 1
-        if self.trace is not None:
-            self.trace.write(json.dumps({"rank": accelerator.process_index, "world_size": accelerator.num_processes,
-                                         "epoch": state.epoch, "step": state.global_step + 1,
-                                         "indices": indices, "tokens": tokens}) + "\n")
-            self.trace.flush()
         window = self._window
         window.loss, window.batches, window.tokens = window.loss + loss.detach(), window.batches + 1, \
             window.tokens + tokens
@@ -374,7 +370,8 @@ class TrainingLoop:
         validation_due = bool(eval_steps) and (last and self.length.load_best
                                                or not last and state.global_step % eval_steps == 0)
         log_due = state.global_step % args.logging_steps == 0 or state.global_step == self.total_steps
-        if log_due or checkpoint_due or validation_due or self.stop_signal is not None:
+        stop = self._signalled()
+        if log_due or checkpoint_due or validation_due or stop:
             self._raise_if_non_finite()
         if log_due:
             self._log_window()
@@ -386,7 +383,7 @@ class TrainingLoop:
             self._check_stop(patience=True)
         if checkpoint_due:
             self._paused(self.save_checkpoint)
-        if self.stop_signal is not None:
+        if stop:
             self._stop_on_signal()
 
     def _paused(self, action):
@@ -411,6 +408,17 @@ class TrainingLoop:
             self.state.stop_reason = "early_stopping"
         elif self._agree(budget and self.stopping.budget_spent()):
             self.state.stop_reason = "time_budget"
+
+    def _signalled(self) -> bool:
+        """Whether SIGINT/SIGTERM reached any process: they stop at the same step (a process that stopped alone would
+        leave the others waiting in the next gradient exchange until --ddp_timeout)."""
+        if self.accelerator.num_processes == 1:
+            return self.stop_signal is not None
+        value = torch.tensor(float(self.stop_signal is not None), device=self.accelerator.device)
+        if self.accelerator.reduce(value, "sum").item() > 0:
+            self.stop_signal = self.stop_signal or signal.SIGTERM
+            return True
+        return False
 
     def _agree(self, flag: bool) -> bool:
         """The main process's `flag`, on every process (the others' flags are ignored)."""

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from filelock import SoftFileLock, Timeout
 
+from .distributed import save_state_on_main
 from .errors import TrainingFault, UsageError
 
 logger = logging.getLogger("hf_scratch_transformer")
@@ -426,7 +427,7 @@ def save_checkpoint(accelerator, model, tokenizer, state, scheduler, output_dir:
     if accelerator.is_main_process and partial.exists():
         shutil.rmtree(partial)
     accelerator.wait_for_everyone()
-    _on_every_process(accelerator, lambda: accelerator.save_state(str(partial), safe_serialization=True), partial,
+    _on_every_process(accelerator, lambda: save_state_on_main(accelerator, partial), partial,
                       fault)
 
     def complete():

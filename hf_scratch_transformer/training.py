@@ -11,7 +11,6 @@ Hub-format model and the hub).
 
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -39,6 +38,7 @@ from .checkpointing import (
     check_same_data,
     data_fingerprint,
     declare_tied_weights,
+    list_checkpoints,
     quiet_save_warnings,
 )
 from .configuration_scratch_transformer import ScratchTransformerConfig
@@ -50,6 +50,13 @@ from .data import (
     load_parallel_corpus,
     make_collator,
     preprocess_corpus,
+)
+from .distributed import (
+    is_lost_process_error,
+    launched_rank,
+    lost_process_fault,
+    report_to_launcher,
+    stop_watching,
 )
 from .errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import Evaluator
@@ -87,7 +94,13 @@ def run_training(model_args: ModelArguments, data_args: DataArguments, args: Run
     lock = OutputDirLock(Path(args.output_dir))
     try:
         return _run_training(model_args, data_args, args, model_card_template, lock)
+    except RuntimeError as error:  # a collective operation failed: another process (or machine) was lost
+        if not is_lost_process_error(error):
+            raise
+        kept = list_checkpoints(Path(args.output_dir))
+        raise lost_process_fault(error, kept[-1] if kept else None, args.ddp_timeout) from error
     finally:
+        stop_watching()
         lock.release()
 
 
@@ -143,8 +156,7 @@ def _start(model_args: ModelArguments, data_args: DataArguments, args: RunArgume
     """Checks before any work, the output directory claimed (locked by the main process), then Accelerate."""
     check_values(model_args, data_args, args)
     _quiet_libraries(args.verbose)
-    is_main = int(os.environ.get("RANK", "0")) == 0  # the main process, before Accelerate starts
-    claim_output_dir(args, lock if is_main else None)
+    claim_output_dir(args, lock if launched_rank() == 0 else None)  # the main process, before Accelerate
     return start_accelerator(args, Path(args.output_dir))
 
 
@@ -367,7 +379,8 @@ def main(argv: list[str] | None = None, model_card_template: str | Path | None =
     finally:
         if previous_sigterm is not None:
             signal.signal(signal.SIGTERM, previous_sigterm)
-    print(json.dumps({key: value for key, value in results.items() if key != "filtered"}, indent=1))
+    if launched_rank() == 0:  # the other processes print errors only
+        print(json.dumps({key: value for key, value in results.items() if key != "filtered"}, indent=1))
     return 0
 
 
@@ -387,4 +400,5 @@ def _fail(message: str, code: int, debug: bool) -> int:
     if debug:
         logger.exception(message)
     print(message, file=sys.stderr)
+    report_to_launcher(message)
     return code

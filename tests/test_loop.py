@@ -1,8 +1,5 @@
-"""loop.py: the training loop under real conditions: several processes, streaming, signals, non-finite losses,
-the schedule, the optimiser, the figures it measures.
-
-The 2-process tests start `accelerate launch` with 2 CPU processes (gloo) and count the ranks from the batches each
-one records (HF_SCRATCH_BATCH_TRACE): they fail if only one process trains or if two ranks see the same batch.
+"""loop.py: the training loop under real conditions: streaming, signals, non-finite losses, the schedule, the
+optimiser, the figures it measures. Runs of several processes are in test_distributed.py.
 """
 
 import json
@@ -15,106 +12,15 @@ import time
 
 import pytest
 import torch
+from batch_trace import traced_train_batch
 from helpers import MODEL_CARD_TEMPLATE, REPO, fails_with, quick_flags, run_quick, run_tiny, tiny_run_flags
 from safetensors.torch import load_file
 
 from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
-from hf_scratch_transformer.loop import BATCH_TRACE_VARIABLE, TrainingLoop
-from hf_scratch_transformer.run_directory import CHECKPOINT_COMPLETE, LOCK_FILE
+from hf_scratch_transformer.loop import TrainingLoop
 from hf_scratch_transformer.training import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
-
-
-def read_trace(directory) -> dict[int, list[dict]]:
-    ranks = {}
-    for path in sorted(directory.glob("rank-*.jsonl")):
-        rows = [json.loads(line) for line in path.read_text().splitlines()]
-        ranks[rows[0]["rank"]] = rows
-    return ranks
-
-
-def launch_two(output_dir, trace_dir, **overrides) -> subprocess.CompletedProcess:
-    """`accelerate launch --config_file configs/accelerate/cpu_2proc.yaml train.py ...`, as the README says."""
-    trace_dir.mkdir(exist_ok=True)
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(REPO / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", str(_free_port()),
-               str(REPO / "train.py"), *quick_flags(output_dir, **overrides)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", BATCH_TRACE_VARIABLE: str(trace_dir), "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def assert_two_ranks_on_disjoint_batches(trace: dict, steps: int) -> None:
-    assert sorted(trace) == [0, 1], "two processes must each have trained"
-    for rank, rows in trace.items():
-        assert {row["world_size"] for row in rows} == {2}
-        assert [row["step"] for row in rows] == list(range(1, steps + 1)), rank
-    seen = [(row["epoch"], index) for rows in trace.values() for row in rows for index in row["indices"]]
-    assert len(seen) == len(set(seen)), "an example was trained on by both ranks in the same epoch"
-
-
-# --------------------------------------------------------------------------------------------------- several processes
-
-
-def test_two_cpu_processes_train_on_disjoint_batches(tmp_path):
-    output_dir, trace_dir = tmp_path / "out", tmp_path / "trace"
-    launch_two(output_dir, trace_dir, max_steps=4, eval_steps=0, save_steps=2)
-    assert_two_ranks_on_disjoint_batches(read_trace(trace_dir), steps=4)
-    results = json.loads((output_dir / "all_results.json").read_text())
-    assert results["train_steps"] == 4
-    assert "2 process(es)" in (output_dir / "README.md").read_text()
-    # each rank's random state is in the checkpoint, and the completion marker lists it
-    marker = json.loads((output_dir / "checkpoint-4" / CHECKPOINT_COMPLETE).read_text())
-    assert {"random_states_0.pkl", "random_states_1.pkl", "model.safetensors", "run_state.json"} <= set(
-        marker["files"])
-    assert json.loads((output_dir / "checkpoint-4" / "run_state.json").read_text())["world_size"] == 2
-    assert not (output_dir / LOCK_FILE).exists()
-
-
-STREAM_FLAGS = dict(streaming=True, max_steps=4, save_steps=2, eval_steps=0, max_train_samples=200)
-
-
-@pytest.fixture(scope="module")
-def two_process_stream(tmp_path_factory):
-    """A --streaming run of 4 steps by 2 processes: (output directory, per-rank trace)."""
-    root = tmp_path_factory.mktemp("stream2")
-    launch_two(root / "straight", root / "trace-straight", **STREAM_FLAGS)
-    return root / "straight", read_trace(root / "trace-straight")
-
-
-def test_two_cpu_processes_stream_disjoint_batches(two_process_stream):
-    output_dir, trace = two_process_stream
-    assert_two_ranks_on_disjoint_batches(trace, steps=4)
-    assert json.loads((output_dir / "all_results.json").read_text())["train_steps"] == 4
-    assert json.loads((output_dir / "checkpoint-4" / "run_state.json").read_text())["world_size"] == 2
-
-
-@pytest.mark.slow  # three 2-process launches; the 1-process resume below runs in every suite
-def test_two_cpu_processes_resume_the_stream_position(two_process_stream, tmp_path):
-    flags = STREAM_FLAGS
-    straight, trace = two_process_stream
-    resumed = tmp_path / "resumed"
-    # the same run stopped after step 2, then resumed from checkpoint-2 by two processes
-    launch_two(resumed, tmp_path / "trace-first", **{**flags, "max_steps": 2})
-    launch_two(resumed, tmp_path / "trace-second", **flags, resume_from_checkpoint="latest")
-    second = read_trace(tmp_path / "trace-second")
-    for rank in (0, 1):
-        assert [row["step"] for row in second[rank]] == [3, 4]
-        assert [row["indices"] for row in second[rank]] == [row["indices"] for row in trace[rank][2:]]
-    expected, got = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
-    for name in expected:
-        assert torch.equal(expected[name], got[name]), name
 
 
 # ----------------------------------------------------------------------------------------------------------- streaming
@@ -123,7 +29,7 @@ def test_two_cpu_processes_resume_the_stream_position(two_process_stream, tmp_pa
 def test_streaming_trains_checkpoints_and_resumes_exactly_in_one_process(tmp_path, monkeypatch):
     flags = dict(streaming=True, max_steps=6, save_steps=3, eval_steps=0, max_train_samples=24, max_tokens=0,
                  per_device_train_batch_size=8)  # 3 batches an epoch: the run crosses into a second one
-    monkeypatch.setenv(BATCH_TRACE_VARIABLE, str(tmp_path))
+    monkeypatch.setattr(TrainingLoop, "_train_batch", traced_train_batch(tmp_path))
     results = run_quick(tmp_path / "straight", **flags)
     assert results["train_steps"] == 6 and results["train_samples"] is None
     straight_trace = [json.loads(line) for line in (tmp_path / "rank-0.jsonl").read_text().splitlines()]

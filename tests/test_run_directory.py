@@ -18,7 +18,6 @@ from hostile_inputs import PAGE, Skipped, SmallDisk, disk_usage
 from safetensors.torch import save_file
 
 from hf_scratch_transformer.errors import TrainingFault
-from hf_scratch_transformer.loop import BATCH_TRACE_VARIABLE
 from hf_scratch_transformer.run_directory import (
     LOCK_FILE,
     checkpoint_bytes,
@@ -269,9 +268,10 @@ def test_a_second_concurrent_run_is_refused_and_the_first_one_goes_on(tmp_path):
     first is then stopped with SIGINT and saves a checkpoint that exists."""
     trace_dir = tmp_path.parent / f"{tmp_path.name}-trace"
     trace_dir.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", BATCH_TRACE_VARIABLE: str(trace_dir),
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    first = subprocess.Popen([sys.executable, str(REPO / "train.py"),
+    # train.py that records each batch it trained on (tests/batch_trace.py)
+    first = subprocess.Popen([sys.executable, str(REPO / "tests" / "batch_trace.py"), str(trace_dir),
                               *quick_flags(tmp_path, max_steps=100_000, save_steps=0, eval_steps=0)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     try:
