@@ -186,7 +186,7 @@ def _layout_of(path: str, split: str, languages: tuple[str, str], status: os.sta
         return "pipe"
     side = Path(name).suffix.lstrip(".")
     hint = (f" It looks like one side of plain-text pairs: give their prefix, --{split}_file "
-            f"{path[: -len(side) - 1] if path.lower().endswith(side) else path}" if side in languages else "")
+            f"{path[: -len(side) - 1] if path.lower().endswith(side) else path}." if side in languages else "")
     raise CorpusError(
         f"Cannot read {path!r} as the {split} corpus: its extension must be one of {sorted(LAYOUTS)} (or that + "
         f".gz/.bz2/.xz), or give the prefix PREFIX of plain-text pairs PREFIX.{languages[0]} + "

@@ -193,6 +193,11 @@ def _load_named_dataset(args: DataArguments) -> dict:
                 f"Hugging Face Hub: {error}. Without network access, pass local files with --train_file "
                 "(and --validation_file / --test_file), or omit --dataset_name to use the shipped corpus."
             ) from error
+        except (FileNotFoundError, ValueError) as error:  # no such dataset, no data files in it, a wrong config
+            local = " (a local directory needs data files or a dataset written by save_to_disk)" \
+                if os.path.isdir(name) else ""
+            raise CorpusError(f"--dataset_name {name!r} cannot be loaded{local}: {type(error).__name__}: "
+                              f"{' '.join(str(error).split())[:300]}") from error
     return {split: _as_translation(dataset, f"the {split} split of {name!r}", args, streamed=args.streaming)
             for split, dataset in splits.items()}
 
