@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import chain
 from pathlib import Path
 
 import datasets
@@ -27,11 +28,13 @@ from datasets import (
     Features,
     IterableDataset,
     IterableDatasetDict,
+    List,
     Value,
     load_dataset,
     load_from_disk,
 )
 from datasets.exceptions import DatasetGenerationError
+from datasets.fingerprint import Hasher
 from torch.utils.data import Sampler
 from transformers import DataCollatorForSeq2Seq
 
@@ -369,22 +372,17 @@ def _limit_samples(corpus: dict, args: DataArguments) -> dict:
 
 # ----------------------------------------------------------------------------------------------------- preprocessing
 
+# What the one tokenising pass marks on each pair, and why a pair is dropped (the filter report's keys).
+PAIR_FINE, PAIR_EMPTY, PAIR_TOO_LONG = 0, 1, 2
+KEEP, EMPTY, TOO_LONG, BAD_RATIO = 0, 1, 2, 3
+TOKENIZED_FEATURES = Features({"input_ids": List(Value("int32")), "attention_mask": List(Value("int8")),
+                               "labels": List(Value("int32")), "problem": Value("int8")})
+
 
 def is_nonempty_pair(example: dict, source_lang: str, target_lang: str) -> bool:
     """True when both sides of the pair hold some non-whitespace text."""
     pair = example.get("translation") or {}
     return all(isinstance(pair.get(lang), str) and pair[lang].strip() for lang in (source_lang, target_lang))
-
-
-def _nonempty_pairs(translations: list, source_lang: str, target_lang: str) -> list[bool]:
-    return [is_nonempty_pair({"translation": pair}, source_lang, target_lang) for pair in translations]
-
-
-def _within_character_limits(translations: list, limits: dict) -> list[bool]:
-    """Pairs whose sides have at most ``limits[lang]`` characters and no giant word (checked before tokenising:
-    tokenizer training and tokenisation would spend super-linear or useless time on them)."""
-    return [all(len(pair[lang]) <= limit and tokenizer_can_train_on(pair[lang]) for lang, limit in limits.items())
-            for pair in translations]
 
 
 def evaluation_pairs(raw_split, args: DataArguments) -> tuple[list[str], list[str]]:
@@ -407,27 +405,57 @@ class TrainingData:
     test_references: list[str]
 
 
-def _tokenize_batch(translations: list, tokenizer, args: DataArguments, length_slack: int) -> dict:
-    """Tokenise sources and targets, truncated ``length_slack`` tokens beyond the maxima (so over-long shows)."""
-    sources = [pair[args.source_lang] for pair in translations]
-    targets = [pair[args.target_lang] for pair in translations]
-    model_inputs = tokenizer(sources, truncation=True, max_length=args.max_source_length + length_slack)
-    labels = tokenizer(text_target=targets, truncation=True, max_length=args.max_target_length + length_slack)
-    model_inputs["labels"] = labels["input_ids"]
-    return model_inputs
+def _pair_problems(translations: list, args: DataArguments, is_train: bool) -> list[int]:
+    """PAIR_EMPTY for a pair with an empty side; for training, PAIR_TOO_LONG for a side of more than
+    MAX_CHARS_PER_TOKEN characters per allowed token or with a giant word (see `tokenizer_can_train_on`): such a pair
+    is not tokenised at all (tokenizer training and tokenisation would spend super-linear or useless time on it)."""
+    languages = (args.source_lang, args.target_lang)
+    limits = (MAX_CHARS_PER_TOKEN * args.max_source_length, MAX_CHARS_PER_TOKEN * args.max_target_length)
+    problems = []
+    for pair in translations:
+        if not is_nonempty_pair({"translation": pair}, *languages):
+            problems.append(PAIR_EMPTY)
+        elif is_train and not all(len(pair[lang]) <= limit and tokenizer_can_train_on(pair[lang])
+                                  for lang, limit in zip(languages, limits)):
+            problems.append(PAIR_TOO_LONG)
+        else:
+            problems.append(PAIR_FINE)
+    return problems
 
 
-def _fits_lengths(sources: list, targets: list, max_source_length: int, max_target_length: int) -> list[bool]:
-    return [len(src) <= max_source_length and len(tgt) <= max_target_length for src, tgt in zip(sources, targets)]
+def _tokenize_batch(translations: list, tokenizer, args: DataArguments, is_train: bool) -> dict:
+    """Token ids of the usable pairs (empty lists for the others, marked in ``problem``), truncated one token beyond
+    the maxima for training (so that over-long shows) and at the maxima otherwise."""
+    problems = _pair_problems(translations, args, is_train)
+    usable = [index for index, problem in enumerate(problems) if problem == PAIR_FINE]
+    columns = {name: [[] for _ in translations] for name in ("input_ids", "attention_mask", "labels")}
+    if not usable:  # the tokenizer refuses an empty list
+        return {**columns, "problem": problems}
+    slack = 1 if is_train else 0
+    sources = tokenizer([translations[i][args.source_lang] for i in usable], truncation=True,
+                        max_length=args.max_source_length + slack)
+    targets = tokenizer(text_target=[translations[i][args.target_lang] for i in usable], truncation=True,
+                        max_length=args.max_target_length + slack)
+    for row, index in enumerate(usable):
+        columns["input_ids"][index] = sources["input_ids"][row]
+        columns["attention_mask"][index] = sources["attention_mask"][row]
+        columns["labels"][index] = targets["input_ids"][row]
+    return {**columns, "problem": problems}
 
 
-def _plausible_ratio(sources: list, targets: list, max_ratio: float) -> list[bool]:
-    """Length ratio of source and target in tokens, ``</s>`` not counted."""
-    keep = []
-    for src, tgt in zip(sources, targets):
-        src_len, tgt_len = max(len(src) - 1, 1), max(len(tgt) - 1, 1)
-        keep.append(max(src_len / tgt_len, tgt_len / src_len) <= max_ratio)
-    return keep
+def _drop_reasons(problems: np.ndarray, source_lengths: np.ndarray, target_lengths: np.ndarray,
+                  args: DataArguments, is_train: bool) -> np.ndarray:
+    """Why each tokenised pair is dropped (KEEP if it is not), in the order the filters apply: EMPTY; for training
+    TOO_LONG (before tokenising, or over max_source_length / max_target_length tokens) then BAD_RATIO (token-length
+    ratio of source and target, </s> not counted, above max_length_ratio)."""
+    reasons = np.where(problems == PAIR_EMPTY, EMPTY, np.where(problems == PAIR_TOO_LONG, TOO_LONG, KEEP))
+    if is_train:
+        over = (source_lengths > args.max_source_length) | (target_lengths > args.max_target_length)
+        reasons[(reasons == KEEP) & over] = TOO_LONG
+        sources, targets = np.maximum(source_lengths - 1, 1), np.maximum(target_lengths - 1, 1)
+        reasons[(reasons == KEEP) & (np.maximum(sources / targets, targets / sources) > args.max_length_ratio)] = \
+            BAD_RATIO
+    return reasons
 
 
 def preprocess_corpus(raw: DatasetDict | IterableDatasetDict, tokenizer, args: DataArguments):
@@ -438,72 +466,88 @@ def preprocess_corpus(raw: DatasetDict | IterableDatasetDict, tokenizer, args: D
     :func:`tokenization.tokenizer_can_train_on`; then a side longer than ``max_source_length`` /
     ``max_target_length`` tokens), and pairs whose token-length ratio exceeds ``max_length_ratio``. Validation and
     test keep every non-empty pair, truncated to the maxima (use :func:`evaluation_pairs` for the aligned
-    references). Returns the tokenised splits and a report ``{split: {"input", "empty", "too_long", "bad_ratio",
-    "kept"}}``; counts are ``None`` for streamed splits, whose length is unknown.
+    references). One tokenising pass reads each split; the filters then work on arrays of lengths. Returns the
+    tokenised splits and a report ``{split: {"input", "empty", "too_long", "bad_ratio", "kept"}}``; counts are
+    ``None`` for streamed splits, whose length is unknown.
     """
     processed, report = {}, {}
     with cache_faults():
         for name, split in raw.items():
-            processed[name], report[name] = _preprocess_split(split, name == "train", tokenizer, args)
+            preprocess = _preprocess_stream if isinstance(split, IterableDataset) else _preprocess_split
+            processed[name], report[name] = preprocess(split, name == "train", tokenizer, args)
     result = IterableDatasetDict(processed) if args.streaming else DatasetDict(processed)
     return result, report
 
 
-def _preprocess_split(split, is_train: bool, tokenizer, args: DataArguments):
-    """(tokenised split, filter report) of one split."""
+def _preprocess_split(split: Dataset, is_train: bool, tokenizer, args: DataArguments) -> tuple[Dataset, dict]:
+    """(tokenised split, filter report) of an in-memory split: one map (cached by `datasets`), then the filters on
+    arrays of lengths and a selection of the kept rows."""
+    tokenize = partial(_tokenize_batch, tokenizer=tokenizer, args=args, is_train=is_train)
+    tokenized = split.map(tokenize, batched=True, input_columns=["translation"], remove_columns=split.column_names,
+                          features=TOKENIZED_FEATURES, num_proc=args.preprocessing_num_workers,
+                          load_from_cache_file=not args.overwrite_cache,
+                          new_fingerprint=_tokenized_fingerprint(split, tokenizer, args, is_train))
+    reasons = _drop_reasons(column_array(tokenized, "problem"), list_lengths(tokenized, "input_ids"),
+                            list_lengths(tokenized, "labels"), args, is_train)
+    counts = np.bincount(reasons, minlength=4)
+    report = {"input": len(split), "empty": int(counts[EMPTY]), "too_long": int(counts[TOO_LONG]),
+              "bad_ratio": int(counts[BAD_RATIO]), "kept": int(counts[KEEP])}
+    kept = tokenized if report["kept"] == len(split) else tokenized.select(np.flatnonzero(reasons == KEEP))
+    return kept.remove_columns("problem"), report
+
+
+def _preprocess_stream(split: IterableDataset, is_train: bool, tokenizer, args: DataArguments):
+    """(tokenised stream, unknown counts): the same tokenising and filters, applied while the stream is read."""
     columns = split.column_names or list(next(iter(split)).keys())
-    options = {} if isinstance(split, IterableDataset) else {
-        "num_proc": args.preprocessing_num_workers, "load_from_cache_file": not args.overwrite_cache}
-    on_pairs = {"batched": True, "input_columns": ["translation"], **options}
-    on_ids = {"batched": True, "input_columns": ["input_ids", "labels"], **options}
-    counts = [_count(split)]
-    split = split.filter(partial(_nonempty_pairs, source_lang=args.source_lang, target_lang=args.target_lang),
-                         **on_pairs)
-    counts.append(_count(split))
-    if is_train:
-        limits = {args.source_lang: MAX_CHARS_PER_TOKEN * args.max_source_length,
-                  args.target_lang: MAX_CHARS_PER_TOKEN * args.max_target_length}
-        split = split.filter(partial(_within_character_limits, limits=limits), **on_pairs)
-    tokenize = partial(_tokenize_batch, tokenizer=tokenizer, args=args, length_slack=1 if is_train else 0)
-    split = split.map(tokenize, remove_columns=columns, **on_pairs)
-    if is_train:
-        split = split.filter(partial(_fits_lengths, max_source_length=args.max_source_length,
-                                     max_target_length=args.max_target_length), **on_ids)
-        counts.append(_count(split))
-        split = split.filter(partial(_plausible_ratio, max_ratio=args.max_length_ratio), **on_ids)
-        counts.append(_count(split))
-    else:
-        counts += [counts[-1], counts[-1]]
-    return split, _filter_report(counts)
+    tokenize = partial(_tokenize_batch, tokenizer=tokenizer, args=args, is_train=is_train)
+    tokenized = split.map(tokenize, batched=True, input_columns=["translation"], remove_columns=columns,
+                          features=TOKENIZED_FEATURES)
+    kept = tokenized.filter(partial(_kept_in_batch, args=args, is_train=is_train), batched=True,
+                            input_columns=["problem", "input_ids", "labels"])
+    report = dict.fromkeys(("input", "empty", "too_long", "bad_ratio", "kept"))
+    return kept.remove_columns("problem"), report
 
 
-def _count(split) -> int | None:
-    return None if isinstance(split, IterableDataset) else len(split)
+def _kept_in_batch(problems: list, inputs: list, labels: list, args: DataArguments, is_train: bool) -> list[bool]:
+    lengths = [np.array([len(ids) for ids in column], dtype=np.int64) for column in (inputs, labels)]
+    return list(_drop_reasons(np.array(problems, dtype=np.int64), *lengths, args, is_train) == KEEP)
 
 
-def _filter_report(counts: list[int | None]) -> dict:
-    """Turn the sizes before/after each filter into numbers dropped per filter."""
-    initial, non_empty, short_enough, kept = counts
-    if initial is None:
-        return {"input": None, "empty": None, "too_long": None, "bad_ratio": None, "kept": None}
-    return {
-        "input": initial,
-        "empty": initial - non_empty,
-        "too_long": non_empty - short_enough,
-        "bad_ratio": short_enough - kept,
-        "kept": kept,
-    }
+def _tokenized_fingerprint(split: Dataset, tokenizer, args: DataArguments, is_train: bool) -> str:
+    """The `datasets` cache key of a tokenised split: what decides the token ids (the tokenizer's content, not the
+    folder it was loaded from, which `datasets` would hash too and which differs between runs), the lengths, the
+    languages and the code of the tokenising functions."""
+    content = [tokenizer.backend_tokenizer.to_str(), tokenizer.special_tokens_map, tokenizer.split_special_tokens]
+    settings = [args.source_lang, args.target_lang, args.max_source_length, args.max_target_length, is_train,
+                MAX_CHARS_PER_TOKEN]
+    code = [Hasher.hash(function) for function in (_tokenize_batch, _pair_problems, tokenizer_can_train_on)]
+    return Hasher.hash([split._fingerprint, code, content, settings])
 
 
-def sequence_lengths(dataset: Dataset) -> tuple[list[int], list[int]]:
+def list_lengths(dataset: Dataset, column: str) -> np.ndarray:
+    """The length of ``column``'s list in every row, read from the dataset's Arrow table without turning any list
+    into Python objects (O(rows), not O(tokens))."""
+    return _through_indices(dataset, pc.list_value_length(dataset.data.column(column)))
+
+
+def column_array(dataset: Dataset, column: str) -> np.ndarray:
+    """A scalar column of every row as a numpy array, read from the Arrow table."""
+    return _through_indices(dataset, dataset.data.column(column))
+
+
+def _through_indices(dataset: Dataset, values) -> np.ndarray:
+    """``values`` (one per row of the dataset's table) for the dataset's rows: a filtered or selected dataset keeps
+    its rows as an indices mapping over the table (`datasets`' `_indices`, which has no public accessor; reading
+    rows through it one batch at a time costs ~100x more for the lengths of 1M pairs)."""
+    indices = getattr(dataset, "_indices", None)
+    if indices is not None:
+        values = values.take(indices.column(0))
+    return values.to_numpy()
+
+
+def sequence_lengths(dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
     """Token lengths of the sources (``input_ids``) and targets (``labels``) of a tokenised split."""
-    lengths = dataset.map(
-        lambda batch: {"src_len": [len(x) for x in batch["input_ids"]], "tgt_len": [len(x) for x in batch["labels"]]},
-        batched=True,
-        remove_columns=dataset.column_names,
-        keep_in_memory=True,
-    )
-    return list(lengths["src_len"]), list(lengths["tgt_len"])
+    return list_lengths(dataset, "input_ids"), list_lengths(dataset, "labels")
 
 
 def make_collator(tokenizer) -> DataCollatorForSeq2Seq:
@@ -598,9 +642,11 @@ class TokenBucketBatchSampler(ShardedBatchSampler):
         super().__init__(shuffle, seed, num_replicas, rank, drop_last)
         if len(src_lengths) != len(tgt_lengths):
             raise ValueError(f"{len(src_lengths)} source lengths but {len(tgt_lengths)} target lengths.")
-        self.lengths = [max(s, t) for s, t in zip(src_lengths, tgt_lengths)]
-        self.src_lengths, self.tgt_lengths = list(src_lengths), list(tgt_lengths)
-        longest = max(self.lengths, default=0)
+        # numpy arrays: 4 bytes a pair, where Python lists of ints took ~40
+        self.src_lengths = np.asarray(src_lengths, dtype=np.int32)
+        self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int32)
+        self.lengths = np.maximum(self.src_lengths, self.tgt_lengths)
+        longest = int(self.lengths.max()) if len(self.lengths) else 0
         if max_tokens < longest:
             raise ValueError(
                 f"max_tokens={max_tokens} is smaller than the longest example ({longest} tokens); raise --max_tokens "
@@ -617,21 +663,30 @@ class TokenBucketBatchSampler(ShardedBatchSampler):
         order = list(range(len(self.lengths)))
         if self.shuffle:
             rng.shuffle(order)
-        order.sort(key=lambda i: (self.lengths[i], self.src_lengths[i]))
-        batches, batch, longest = [], [], 0
-        for index in order:
-            candidate_longest = max(longest, self.lengths[index])
-            if batch and (len(batch) + 1) * candidate_longest > self.max_tokens:
-                batches.append(batch)
-                batch, candidate_longest = [], self.lengths[index]
-            batch.append(index)
-            longest = candidate_longest
-        if batch:
-            batches.append(batch)
+        order = np.array(order, dtype=np.int64)
+        # a stable sort by (length, source length): the shuffle breaks the ties
+        key = self.lengths[order].astype(np.int64) * (int(self.src_lengths.max(initial=0)) + 1) + \
+            self.src_lengths[order]
+        order = order[np.argsort(key, kind="stable")]
+        batches = _pack_sorted(order.tolist(), self.lengths[order].tolist(), self.max_tokens)
         if self.shuffle:
             rng.shuffle(batches)
         self._cache = (self.epoch, batches)
         return batches
+
+
+def _pack_sorted(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Greedy batches of the pairs `order` (sorted by non-decreasing `lengths`, aligned with it): a batch closes when
+    one more pair would make batch size x its longest pair exceed `max_tokens`."""
+    batches, batch = [], []
+    for index, length in zip(order, lengths):
+        if batch and (len(batch) + 1) * length > max_tokens:
+            batches.append(batch)
+            batch = []
+        batch.append(index)
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 class SentenceBatchSampler(ShardedBatchSampler):
@@ -679,10 +734,15 @@ def make_batch_sampler(
 
 def padding_fraction(batches: Sequence[Sequence[int]], src_lengths: Sequence[int], tgt_lengths: Sequence[int]) -> float:
     """Share of padding among all source and target positions once each batch is padded to its longest sequence."""
+    batches = [batch for batch in batches if len(batch)]
+    if not batches:
+        return 0.0
+    rows = np.fromiter(chain.from_iterable(batches), dtype=np.int64)
+    sizes = np.fromiter(map(len, batches), dtype=np.int64)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
     padded = real = 0
-    for batch in batches:
-        for lengths in (src_lengths, tgt_lengths):
-            batch_lengths = [lengths[i] for i in batch]
-            padded += len(batch_lengths) * max(batch_lengths)
-            real += sum(batch_lengths)
+    for lengths in (src_lengths, tgt_lengths):
+        values = np.asarray(lengths, dtype=np.int64)[rows]
+        padded += int((np.maximum.reduceat(values, starts) * sizes).sum())
+        real += int(values.sum())
     return 1 - real / padded if padded else 0.0
