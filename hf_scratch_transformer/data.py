@@ -7,6 +7,7 @@ translation datasets. Argument names follow transformers' ``run_translation.py``
 """
 
 import errno
+import json
 import logging
 import os
 import random
@@ -517,7 +518,10 @@ def _tokenized_fingerprint(split: Dataset, tokenizer, args: DataArguments, is_tr
     """The `datasets` cache key of a tokenised split: what decides the token ids (the tokenizer's content, not the
     folder it was loaded from, which `datasets` would hash too and which differs between runs), the lengths, the
     languages and the code of the tokenising functions."""
-    content = [tokenizer.backend_tokenizer.to_str(), tokenizer.special_tokens_map, tokenizer.split_special_tokens]
+    backend = json.loads(tokenizer.backend_tokenizer.to_str())
+    for call_state in ("truncation", "padding"):  # set by the last call (the lengths are in `settings`)
+        backend.pop(call_state, None)
+    content = [backend, tokenizer.special_tokens_map, tokenizer.split_special_tokens]
     settings = [args.source_lang, args.target_lang, args.max_source_length, args.max_target_length, is_train,
                 MAX_CHARS_PER_TOKEN]
     code = [Hasher.hash(function) for function in (_tokenize_batch, _pair_problems, tokenizer_can_train_on)]

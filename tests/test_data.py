@@ -450,6 +450,32 @@ def test_preprocessing_filters_train_and_reports_each_filter(corpus_tokenizer):
     assert len(references) == processed["validation"].num_rows and references[1] == "palabra " * 40
 
 
+def test_a_second_run_reuses_the_tokenised_cache_whatever_folder_the_tokenizer_comes_from(tmp_path):
+    """`datasets` would hash the tokenizer object, whose loading folder (the run's output directory) differs between
+    runs: the cache key is its content, so the second run finds the first run's files."""
+    from transformers import AutoTokenizer
+
+    path = write_jsonl(tmp_path / "pairs.jsonl", pair_records())
+    args = DataArguments(train_file=str(path), validation_file=str(path), test_file=str(path))
+    raw = load_parallel_corpus(args)
+    tokenizer = train_tokenizer_on_corpus(raw["train"], "en", "es", vocab_size=300)
+    files = {}
+    for run in ("first", "second"):
+        tokenizer.save_pretrained(tmp_path / run / ".tokenizer")
+        processed, _ = preprocess_corpus(raw, AutoTokenizer.from_pretrained(tmp_path / run / ".tokenizer"), args)
+        files[run] = {name: [entry["filename"] for entry in split.cache_files] for name, split in processed.items()}
+    assert files["first"] == files["second"] and files["first"]["train"]
+
+
+def test_sequence_lengths_follow_the_rows_of_a_filtered_and_selected_split():
+    rows = {"input_ids": [[1] * (i % 7 + 1) for i in range(50)], "labels": [[2] * (i % 5 + 1) for i in range(50)]}
+    dataset = Dataset.from_dict(rows).filter(lambda ids: len(ids) != 3, input_columns=["input_ids"]).select(
+        [9, 0, 4, 30])
+    sources, targets = sequence_lengths(dataset)
+    assert sources.tolist() == [len(ids) for ids in dataset["input_ids"]]
+    assert targets.tolist() == [len(ids) for ids in dataset["labels"]]
+
+
 def test_shipped_glossary_verse_is_dropped_as_over_long(shipped_corpus, corpus_tokenizer):
     train = shipped_corpus["train"].filter(lambda ex: ex["book"] == "Revelation of John" and ex["chapter"] == 22)
     raw = DatasetDict({"train": train})
