@@ -44,7 +44,7 @@ UNREADABLE_CONTENT = {
 BOM = b"\xef\xbb\xbf"
 MAX_LINE_BYTES = 16 * 2**20  # a longer line is no sentence (and would be held in memory whole)
 KEY_SAMPLE = 1000  # JSON records looked at for the language keys
-READER_VERSION = "1"  # part of the cache fingerprint: change it when the reading rules change
+READER_CODE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # a change of the reading rules: a new cache
 _PREVIEW = reprlib.Repr()  # a short repr that never recurses deeply (a nested JSON value)
 _PREVIEW.maxlevel, _PREVIEW.maxstring, _PREVIEW.maxother = 2, 60, 60
 _preview = _PREVIEW.repr
@@ -93,7 +93,7 @@ class CorpusFiles:
         new one every time, as its content cannot be known before it is read)."""
         if not self.rereadable():
             return uuid.uuid4().hex
-        facts = [READER_VERSION, self.layout, *self.languages]
+        facts = [READER_CODE, self.layout, *self.languages]
         for path in self.paths:
             status = os.stat(path)
             facts += [os.path.realpath(path), str(status.st_size), str(status.st_mtime_ns)]
@@ -389,26 +389,31 @@ def _json_records(files: CorpusFiles, lines) -> Iterator[tuple[str, object]]:
                 yield f"line {number}", _parsed(line, f"line {number}", files)
         return
     document = _parsed("".join(head) + "".join(line for _, line in lines), "", files)
-    yield from _document_records(document)
+    yield from _document_records(document, files)
 
 
-def _document_records(document) -> Iterator[tuple[str, object]]:
+def _document_records(document, files: CorpusFiles) -> Iterator[tuple[str, object]]:
     if isinstance(document, list):
         for number, record in enumerate(document, start=1):
             yield f"record {number}", record
     elif isinstance(document, dict) and document and all(isinstance(column, list) for column in document.values()):
-        columns = list(document)
-        for number, values in enumerate(zip(*document.values()), start=1):  # a dict of columns (pandas' layout)
-            yield f"record {number}", dict(zip(columns, values))
+        sizes = {name: len(column) for name, column in document.items()}  # an object of columns (pandas' layout)
+        if len(set(sizes.values())) > 1:
+            raise CorpusError(f"The {files.split} file {files.paths[0]!r} holds columns of different lengths "
+                              f"{sizes}: each column needs one value per pair.")
+        for number, values in enumerate(zip(*document.values()), start=1):
+            yield f"record {number}", dict(zip(document, values))
     else:
         yield "record 1", document
 
 
 def _parses_as_object(line: str) -> bool:
+    """True when the line is a record of JSON Lines: an object, not an object of columns (a JSON document)."""
     try:
-        return isinstance(json.loads(line), dict)
+        parsed = json.loads(line)
     except (json.JSONDecodeError, RecursionError):
         return False
+    return isinstance(parsed, dict) and not (parsed and all(isinstance(value, list) for value in parsed.values()))
 
 
 def _parsed(text: str, where: str, files: CorpusFiles):

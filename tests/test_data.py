@@ -321,6 +321,17 @@ def test_compression_is_recognised_from_the_content_not_the_name(tmp_path, compr
     assert sum(len(split) for split in corpus.values()) == 40
 
 
+def test_a_json_object_of_columns_is_read_and_unequal_columns_are_refused(tmp_path):
+    columns = {"en": [f"sentence {i}" for i in range(40)], "es": [f"frase {i}" for i in range(40)], "id": list(range(40))}
+    (tmp_path / "columns.json").write_text(json.dumps(columns))
+    path = str(tmp_path / "columns.json")
+    corpus = load_parallel_corpus(DataArguments(train_file=path, validation_file=path, test_file=path))
+    assert loaded_pairs(corpus["test"]) == list(zip(columns["en"], columns["es"]))
+    (tmp_path / "short.json").write_text(json.dumps({"en": ["a", "b"], "es": ["c"]}))
+    with pytest.raises(CorpusError, match=r"columns of different lengths \{'en': 2, 'es': 1\}"):
+        load_parallel_corpus(DataArguments(train_file=str(tmp_path / "short.json")))
+
+
 def test_saved_datasets_are_accepted_wherever_a_corpus_is(tmp_path):
     rows = {"en": [f"sentence {i}" for i in range(40)], "es": [f"frase {i}" for i in range(40)]}
     DatasetDict({"train": Dataset.from_dict(rows), "dev": Dataset.from_dict(rows).select(range(4))}).save_to_disk(
