@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import random
-import re
 import tempfile
 from contextlib import contextmanager
 from collections.abc import Iterator, Sequence
@@ -60,7 +59,7 @@ SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk
 # No side of a training pair is tokenised if it has more characters than this many per allowed token (a BPE token
 # of natural text averages 3-5): such a pair would be dropped as over-long anyway, after costly tokenisation.
 MAX_CHARS_PER_TOKEN = 16
-CACHE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}  # the cache's faults, not the corpus's
+CACHE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}  # the cache's, not the corpus's
 
 
 @dataclass
@@ -176,6 +175,7 @@ def cache_faults():
         cause = error.__cause__ if isinstance(error, DatasetGenerationError) else error
         if isinstance(cause, CorpusError):
             raise cause from None
+        # pyarrow's writer raises an OSError without errno, its message naming the cause
         if isinstance(cause, OSError) and (cause.errno in CACHE_ERRNOS or "No space left" in str(cause)):
             raise DatasetsCacheError(_cache_message(Path(datasets.config.HF_DATASETS_CACHE), cause)) from error
         raise
@@ -254,8 +254,9 @@ def _load_saved(path: str, what: str) -> Dataset | DatasetDict:
     """A directory written by ``save_to_disk``, memory-mapped in place (nothing is copied)."""
     if not _is_saved_dataset(path):
         raise CorpusError(
-            f"{what} is a directory without a dataset saved by `datasets` in it (no {' or '.join(SAVED_DATASET_MARKERS)}"
-            "): give a corpus file, the PREFIX of plain-text pair files, or a directory written by save_to_disk.")
+            f"{what} is a directory without a dataset saved by `datasets` in it (no "
+            f"{' or '.join(SAVED_DATASET_MARKERS)}): give a corpus file, the PREFIX of plain-text pair files, or a "
+            "directory written by save_to_disk.")
     try:
         return load_from_disk(path)
     except (OSError, ValueError, KeyError) as error:

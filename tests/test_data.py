@@ -322,7 +322,8 @@ def test_compression_is_recognised_from_the_content_not_the_name(tmp_path, compr
 
 
 def test_a_json_object_of_columns_is_read_and_unequal_columns_are_refused(tmp_path):
-    columns = {"en": [f"sentence {i}" for i in range(40)], "es": [f"frase {i}" for i in range(40)], "id": list(range(40))}
+    columns = {"en": [f"sentence {i}" for i in range(40)], "es": [f"frase {i}" for i in range(40)],
+               "id": list(range(40))}
     (tmp_path / "columns.json").write_text(json.dumps(columns))
     path = str(tmp_path / "columns.json")
     corpus = load_parallel_corpus(DataArguments(train_file=path, validation_file=path, test_file=path))
