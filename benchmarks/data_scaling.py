@@ -40,6 +40,14 @@ MODES = {"map": {}, "map2": {"preprocessing_num_workers": 2}, "stream": {"stream
 DEFAULT_CONFIGS = ["plain:map", "plain:map2", "plain:stream", "jsonl:map"]
 PHASES = ("load_s", "tokenizer_s", "preprocess_s", "setup_s", "first_step_s")
 RSS_BOUND_MIB = 4096
+LEGEND = (
+    "Columns: *load* reads the corpus into the `datasets` cache (with --streaming: one checking pass over the files); "
+    "*tokenizer* trains the BPE (on at most 500,000 sampled sentences); *preprocess* tokenises and filters every "
+    "split (with --streaming this happens while batches are read, so its cost is in the next columns); *setup* runs "
+    "from the end of preprocessing to the first step (validation pairs, model, batch sampler; with --streaming also "
+    "the first 10,000-pair shuffle buffer); *to first step* counts from the start of the process. *peak RSS*: the "
+    "train.py process; *workers' peak*: its largest child process (the --preprocessing_num_workers 2 workers in the "
+    "map2 rows). *first*: empty `datasets` cache; *second*: the same command again on that cache.")
 
 
 # ------------------------------------------------------------------------------------------------------ corpora
@@ -228,7 +236,7 @@ def growth(rows: list[dict]) -> list[dict]:
 
 
 def markdown(results: dict) -> str:
-    lines = ["# Data path scaling", "", results["machine_line"], "", results["note"], "",
+    lines = ["# Data path scaling", "", results["machine_line"], "", results["note"], "", LEGEND, "",
              "| pairs | format | mode | run | load s | tokenizer s | preprocess s | setup s | to first step s | "
              "peak RSS MiB | workers' peak MiB | cache MiB |", "|" + "---|" * 12]
     for row in results["rows"]:
