@@ -1,34 +1,65 @@
 """Parallel corpora: loading, tokenisation, filtering and batching.
 
-Every source (the shipped English–Spanish Bible, a Hub dataset, local json/jsonl/csv/tsv files) is turned into a
-``DatasetDict`` with ``train``/``validation``/``test`` splits whose examples carry a ``translation`` dict keyed by
-language code, the convention of Hub translation datasets. Argument names follow transformers' ``run_translation.py``.
+Every source (the shipped English–Spanish Bible, a Hub dataset, a ``save_to_disk`` directory, local plain-text pairs,
+tsv, csv, json or jsonl files, see :mod:`corpus_files`) is turned into a ``DatasetDict`` with ``train``/``validation``/
+``test`` splits whose examples carry a ``translation`` dict keyed by language code, the convention of Hub
+translation datasets. Argument names follow transformers' ``run_translation.py``.
 """
 
-import gzip
+import errno
 import json
+import logging
 import os
 import random
+import tempfile
+from contextlib import contextmanager
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import chain
 from pathlib import Path
 
-from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict, load_dataset
+import datasets
+import numpy as np
+import pyarrow.compute as pc
+from datasets import (
+    Dataset,
+    DatasetDict,
+    Features,
+    IterableDataset,
+    IterableDatasetDict,
+    List,
+    Value,
+    load_dataset,
+    load_from_disk,
+)
+from datasets.exceptions import DatasetGenerationError
+from datasets.fingerprint import Hasher
 from torch.utils.data import Sampler
 from transformers import DataCollatorForSeq2Seq
 
+from .corpus_files import (  # noqa: F401  (the error classes are part of this module's interface)
+    CorpusError,
+    CorpusFileNotFoundError,
+    CorpusFiles,
+    CorpusKeyError,
+    resolve_corpus_files,
+)
+from .errors import TrainingFault
+from .tokenization import tokenizer_can_train_on
+
+
+logger = logging.getLogger("hf_scratch_transformer")
 CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
 SPLITS = ("train", "validation", "test")
 SHIPPED_CORPUS_FILES = {split: CORPUS_DIR / f"bible_en_es.{split}.jsonl.gz" for split in SPLITS}
 KEY_SAMPLE = 1000  # records looked at for the language keys when the schema does not list them
 SPLIT_ALIASES = {"valid": "validation", "dev": "validation", "eval": "validation"}
-FILE_BUILDERS = {
-    ".json": ("json", {}),
-    ".jsonl": ("json", {}),
-    ".csv": ("csv", {}),
-    ".tsv": ("csv", {"delimiter": "\t"}),
-}
+SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes (DatasetDict, Dataset)
+# No side of a training pair is tokenised if it has more characters than this many per allowed token (a BPE token
+# of natural text averages 3-5): such a pair would be dropped as over-long anyway, after costly tokenisation.
+MAX_CHARS_PER_TOKEN = 16
+CACHE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}  # the cache's, not the corpus's
 
 
 @dataclass
@@ -37,14 +68,20 @@ class DataArguments:
 
     dataset_name: str | None = field(
         default=None,
-        metadata={"help": "Hub dataset with a `translation` column (e.g. wmt16). Default: the shipped corpus."},
+        metadata={"help": "Hub dataset with a `translation` column (e.g. wmt16), or a directory written by "
+                          "save_to_disk. Default: the shipped corpus."},
     )
     dataset_config_name: str | None = field(default=None, metadata={"help": "Hub dataset configuration (e.g. ro-en)."})
-    train_file: str | None = field(default=None, metadata={"help": "Local training file: .json, .jsonl, .csv or .tsv."})
-    validation_file: str | None = field(default=None, metadata={"help": "Local validation file (same formats)."})
-    test_file: str | None = field(default=None, metadata={"help": "Local test file (same formats)."})
-    source_lang: str = field(default="en", metadata={"help": "Source language key of the `translation` dicts."})
-    target_lang: str = field(default="es", metadata={"help": "Target language key of the `translation` dicts."})
+    train_file: str | None = field(
+        default=None,
+        metadata={"help": "Local training corpus: PREFIX of plain-text pairs (PREFIX.<source_lang> + "
+                          "PREFIX.<target_lang>), a .tsv/.csv/.json/.jsonl file (each optionally .gz/.bz2/.xz), or a "
+                          "save_to_disk directory."},
+    )
+    validation_file: str | None = field(default=None, metadata={"help": "Local validation corpus (same forms)."})
+    test_file: str | None = field(default=None, metadata={"help": "Local test corpus (same forms)."})
+    source_lang: str = field(default="en", metadata={"help": "Source language code (file suffix, column or key)."})
+    target_lang: str = field(default="es", metadata={"help": "Target language code (file suffix, column or key)."})
     max_source_length: int = field(default=256, metadata={"help": "Maximum source length in tokens, </s> included."})
     max_target_length: int = field(default=256, metadata={"help": "Maximum target length in tokens, </s> included."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training pairs."})
@@ -73,22 +110,8 @@ class DataArguments:
     )
 
 
-# ----------------------------------------------------------------------------------------------------------- errors
-
-
-class CorpusError(ValueError):
-    """A corpus that cannot be used as given; the message names the file (and line) and what to fix."""
-
-
-class CorpusFileNotFoundError(CorpusError, FileNotFoundError):
-    """A corpus file that does not exist."""
-
-
-class CorpusKeyError(CorpusError, KeyError):
-    """A language key or column absent from the corpus."""
-
-    def __str__(self) -> str:  # KeyError would show the message in quotes
-        return str(self.args[0]) if self.args else ""
+class DatasetsCacheError(TrainingFault):
+    """The `datasets` cache cannot be written (read-only, a file, full): an environment fault, not the corpus's."""
 
 
 # ---------------------------------------------------------------------------------------------------------- loading
@@ -98,15 +121,17 @@ def load_parallel_corpus(args: DataArguments, seed: int = 42) -> DatasetDict | I
     """Load the corpus chosen by ``args`` as train/validation/test splits of ``translation`` pairs.
 
     Missing validation or test splits are carved deterministically out of train (``validation_split_percentage``
-    each). With ``args.streaming`` the splits are ``IterableDataset``s.
+    each), and announced in the log. With ``args.streaming`` the splits are ``IterableDataset``s.
     """
+    check_datasets_cache()
     if args.dataset_name:
-        corpus = _load_hub_dataset(args)
+        corpus = _load_named_dataset(args)
     elif args.train_file or args.validation_file or args.test_file:
         corpus = _load_local_files(args)
     else:
         files = {split: str(path) for split, path in SHIPPED_CORPUS_FILES.items()}
-        corpus = load_dataset("json", data_files=files, streaming=args.streaming)
+        with cache_faults():
+            corpus = load_dataset("json", data_files=files, streaming=args.streaming)
     corpus = {SPLIT_ALIASES.get(name, name): split for name, split in corpus.items()}
     if "train" not in corpus:
         raise CorpusError(f"The corpus has no train split (splits found: {sorted(corpus)}).")
@@ -117,200 +142,160 @@ def load_parallel_corpus(args: DataArguments, seed: int = 42) -> DatasetDict | I
     return IterableDatasetDict(corpus) if args.streaming else DatasetDict(corpus)
 
 
-def _load_hub_dataset(args: DataArguments):
-    """``load_dataset`` from the Hub, with a clear message when the Hub cannot be reached."""
+def check_datasets_cache() -> Path:
+    """The `datasets` cache directory, created if needed; refused (an environment fault) unless it can be written."""
+    cache = Path(datasets.config.HF_DATASETS_CACHE)
     try:
-        return load_dataset(args.dataset_name, args.dataset_config_name, streaming=args.streaming)
-    except ConnectionError as error:
-        raise ConnectionError(
-            f"Could not download the dataset {args.dataset_name!r} (config {args.dataset_config_name!r}) from the "
-            f"Hugging Face Hub: {error}. Without network access, pass local files with --train_file "
-            "(and --validation_file / --test_file), or omit --dataset_name to use the shipped corpus."
-        ) from error
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=cache):
+            pass
+    except OSError as error:
+        raise DatasetsCacheError(_cache_message(cache, error)) from None
+    return cache
+
+
+def _cache_message(cache: Path, error: OSError) -> str:
+    if isinstance(error, (FileExistsError, NotADirectoryError)):
+        reason = "it, or a folder above it, is a file"
+    else:
+        reason = error.strerror or str(error)
+    return (f"the datasets cache {cache} is not usable ({reason}): set HF_DATASETS_CACHE (or HF_HOME, which holds "
+            "it) to a writable directory with free space, e.g. HF_DATASETS_CACHE=/tmp/hf-datasets")
+
+
+@contextmanager
+def cache_faults():
+    """Turns the failure of `datasets` to write its cache (disk full, read-only, no permission) into a
+    DatasetsCacheError naming the cache; a CorpusError raised while the corpus was read comes out as itself."""
+    try:
+        yield
+    except CorpusError:
+        raise
+    except (DatasetGenerationError, OSError) as error:
+        cause = error.__cause__ if isinstance(error, DatasetGenerationError) else error
+        if isinstance(cause, CorpusError):
+            raise cause from None
+        # pyarrow's writer raises an OSError without errno, its message naming the cause
+        if isinstance(cause, OSError) and (cause.errno in CACHE_ERRNOS or "No space left" in str(cause)):
+            raise DatasetsCacheError(_cache_message(Path(datasets.config.HF_DATASETS_CACHE), cause)) from error
+        raise
+
+
+def _load_named_dataset(args: DataArguments) -> dict:
+    """--dataset_name: a directory written by save_to_disk, or a Hub dataset (clear message when unreachable)."""
+    name = args.dataset_name
+    if os.path.isdir(name) and _is_saved_dataset(name):
+        saved = _load_saved(name, f"--dataset_name {name!r}")
+        splits = saved if isinstance(saved, DatasetDict) else {"train": saved}
+    else:
+        try:
+            with cache_faults():
+                splits = load_dataset(name, args.dataset_config_name, streaming=args.streaming)
+        except ConnectionError as error:
+            raise ConnectionError(
+                f"Could not download the dataset {name!r} (config {args.dataset_config_name!r}) from the "
+                f"Hugging Face Hub: {error}. Without network access, pass local files with --train_file "
+                "(and --validation_file / --test_file), or omit --dataset_name to use the shipped corpus."
+            ) from error
+        except (FileNotFoundError, ValueError) as error:  # no such dataset, no data files in it, a wrong config
+            local = " (a local directory needs data files or a dataset written by save_to_disk)" \
+                if os.path.isdir(name) else ""
+            raise CorpusError(f"--dataset_name {name!r} cannot be loaded{local}: {type(error).__name__}: "
+                              f"{' '.join(str(error).split())[:300]}") from error
+    return {split: _as_translation(dataset, f"the {split} split of {name!r}", args, streamed=args.streaming)
+            for split, dataset in splits.items()}
 
 
 def _load_local_files(args: DataArguments) -> dict:
-    """Load each given file (json, jsonl, csv or tsv, chosen by extension) as one split."""
+    """Load each given path (a file, a plain-text pair prefix or a save_to_disk directory) as one split."""
     if not args.train_file:
         raise CorpusError("--validation_file / --test_file need a --train_file as well.")
     given = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
-    return {split: _load_file(path, split, args) for split, path in given.items() if path}
+    return {split: _load_path(path, split, args) for split, path in given.items() if path}
 
 
-def _load_file(path: str, split: str, args: DataArguments):
-    """Load one local file as a split with a ``translation`` column."""
-    if os.path.isdir(path):
-        raise CorpusError(f"The {split} file {path!r} is a directory: give the path of a file inside it.")
-    if not os.path.isfile(path):
-        raise CorpusFileNotFoundError(f"The {split} file {path!r} does not exist.")
-    suffix = Path(path.removesuffix(".gz")).suffix.lower()
-    if suffix not in FILE_BUILDERS:
+def _load_path(path: str, split: str, args: DataArguments):
+    """One split from ``path``: its files read through `datasets` (cached), or a save_to_disk directory."""
+    files = resolve_corpus_files(path, split, (args.source_lang, args.target_lang))
+    if files is None:
+        saved = _load_saved(path, f"The {split} file {path!r}")
+        if isinstance(saved, DatasetDict):
+            saved = _split_of(saved, split, path)
+        return _as_translation(saved, f"The {split} dataset {path!r}", args, streamed=args.streaming)
+    logger.info("%s split: reading %s", split, files.describe())
+    return _dataset_from_files(files, args.streaming)
+
+
+def _dataset_from_files(files: CorpusFiles, streaming: bool) -> Dataset | IterableDataset:
+    """The pairs of ``files`` as a Dataset (written once to the `datasets` cache, reused while the files keep their
+    size and modification time), or as an IterableDataset after one checking pass over the files."""
+    features = Features({"translation": {lang: Value("string") for lang in files.languages}})
+    if streaming:
+        if not files.rereadable():
+            raise CorpusError(f"The {files.split} file {files.paths[0]!r} is a pipe, which can be read only once, "
+                              "but --streaming reads the corpus several times: save it to a file, or drop --streaming.")
+        for _ in files.records():  # one pass that checks every record before any work
+            pass
+        return IterableDataset.from_generator(_records_of, features=features, gen_kwargs={"files": files})
+    with cache_faults():
+        return Dataset.from_generator(_records_of, features=features, gen_kwargs={"files": files},
+                                      fingerprint=files.fingerprint())
+
+
+def _records_of(files: CorpusFiles) -> Iterator[dict]:
+    yield from files.records()
+
+
+def _is_saved_dataset(path: str) -> bool:
+    return any(os.path.isfile(os.path.join(path, marker)) for marker in SAVED_DATASET_MARKERS)
+
+
+def _load_saved(path: str, what: str) -> Dataset | DatasetDict:
+    """A directory written by ``save_to_disk``, memory-mapped in place (nothing is copied)."""
+    if not _is_saved_dataset(path):
         raise CorpusError(
-            f"Cannot read {path!r}: the extension must be one of {sorted(FILE_BUILDERS)} (or that + .gz)."
-        )
-    if os.path.getsize(path) == 0:
-        raise CorpusError(f"The {split} file {path!r} is empty.")
-    _check_utf8(path, split)
-    builder, options = FILE_BUILDERS[suffix]
-    if builder == "json":
-        _check_record_shapes(path, split, args.source_lang, args.target_lang)
+            f"{what} is a directory without a dataset saved by `datasets` in it (no "
+            f"{' or '.join(SAVED_DATASET_MARKERS)}): give a corpus file, the PREFIX of plain-text pair files, or a "
+            "directory written by save_to_disk.")
     try:
-        dataset = load_dataset(builder, data_files={split: path}, split=split, streaming=args.streaming, **options)
-        empty = _is_empty(dataset)
-    except Exception as error:  # noqa: BLE001  (pyarrow, pandas and datasets each raise their own kind)
-        where = _json_error_location(path) if builder == "json" else None
-        cause = error.__cause__ or error
-        if where:
-            raise CorpusError(f"The {split} file {path!r} is not valid {suffix[1:]}: {where}") from error
-        reason = f"{type(cause).__name__}: {' '.join(str(cause).split())[:300]}"
-        raise CorpusError(f"The {split} file {path!r} holds no examples or is not valid {suffix[1:]}: {reason}") from error
-    if empty:
-        raise CorpusError(f"The {split} file {path!r} holds no examples.")
-    columns = dataset.column_names or list(next(iter(dataset)).keys())
+        return load_from_disk(path)
+    except (OSError, ValueError, KeyError) as error:
+        raise CorpusError(f"{what} holds a saved dataset that cannot be loaded: {type(error).__name__}: "
+                          f"{' '.join(str(error).split())[:300]}") from error
+
+
+def _split_of(saved: DatasetDict, split: str, path: str) -> Dataset:
+    names = {SPLIT_ALIASES.get(name, name): name for name in saved}
+    if split not in names:
+        raise CorpusError(f"The saved dataset {path!r} has no {split} split (its splits: {sorted(saved)}): give "
+                          f"--dataset_name {path} to use all its splits, or a dataset with a {split} split.")
+    return saved[names[split]]
+
+
+def _as_translation(dataset, where: str, args: DataArguments, streamed: bool):
+    """The dataset with a `translation` column (made from one column per language if need be), streamed on
+    request."""
+    if streamed and isinstance(dataset, Dataset):
+        dataset = dataset.to_iterable_dataset()
+    columns = dataset.column_names or list(next(iter(dataset), {}).keys())
     if "translation" in columns:
         return dataset
     missing = [lang for lang in (args.source_lang, args.target_lang) if lang not in columns]
     if missing:
-        raise CorpusKeyError(
-            f"The {split} file {path!r} has neither a `translation` column nor columns for the languages {missing}; "
-            f"its columns are {columns}."
-        )
+        raise CorpusKeyError(f"{where} has neither a `translation` column nor columns for the languages {missing}; "
+                             f"its columns are {columns}.")
     to_pairs = partial(_columns_to_translation, languages=(args.source_lang, args.target_lang))
     return dataset.map(to_pairs, batched=True, remove_columns=columns)
 
 
-def _open_binary(path: str):
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
-
-
-def _check_utf8(path: str, split: str) -> None:
-    """Refuse a file that is not UTF-8 (the json reader would silently replace the bad bytes), naming the line."""
-    try:
-        with _open_binary(path) as handle:
-            for number, line in enumerate(handle, start=1):
-                try:
-                    line.decode("utf-8")
-                except UnicodeDecodeError as error:
-                    raise CorpusError(
-                        f"The {split} file {path!r} is not UTF-8: line {number}, byte {error.start + 1} of the line "
-                        f"({line[error.start:error.start + 1]!r}). Convert it, e.g. `iconv -f latin1 -t utf-8`."
-                    ) from None
-    except (OSError, EOFError) as error:  # unreadable, or a corrupt .gz
-        raise CorpusError(f"Cannot read the {split} file {path!r}: {error}") from error
-
-
-def _json_error_location(path: str) -> str | None:
-    """Where a JSON Lines (or JSON) file first fails to parse: "line N: reason", or None if it parses."""
-    with _open_binary(path) as handle:
-        text = handle.read().decode("utf-8", errors="replace")
-    lines = text.splitlines()
-    first = next((line for line in lines if line.strip()), "")
-    try:
-        json_lines = isinstance(json.loads(first), dict)
-    except json.JSONDecodeError:
-        json_lines = not first.lstrip().startswith(("[", "{"))
-    if json_lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                return f"line {number}, column {error.colno}: {error.msg}"
-            if not isinstance(record, dict):
-                return f"line {number}: a JSON object per line is expected, got {type(record).__name__}"
-        return None
-    try:
-        json.loads(text)
-    except json.JSONDecodeError as error:
-        return f"line {error.lineno}, column {error.colno}: {error.msg}"
-    return None
-
-
-def _json_records(path: str):
-    """(where, record) of a JSON Lines file ("line N", read line by line: a corpus larger than memory is fine; a line
-    that does not parse comes as an `_Unparsable`), or of a JSON file holding a list ("record N"); nothing for a JSON
-    document of another layout (the json reader decides)."""
-    with _open_binary(path) as handle:
-        first = next((line for line in handle if line.strip()), b"").decode("utf-8", errors="replace")
-    if first.lstrip().startswith("["):
-        with _open_binary(path) as handle:
-            try:
-                records = json.loads(handle.read().decode("utf-8", errors="replace"))
-            except json.JSONDecodeError:
-                return
-        for number, record in enumerate(records, start=1):
-            yield f"record {number}", record
-        return
-    if first.lstrip().startswith("{") and not _parses_as_object(first):
-        return  # one JSON document spread over lines: the json reader decides
-    with _open_binary(path) as handle:
-        for number, raw in enumerate(handle, start=1):
-            line = raw.decode("utf-8", errors="replace")
-            if line.strip():
-                try:
-                    yield f"line {number}", json.loads(line)
-                except json.JSONDecodeError as error:
-                    yield f"line {number}", _Unparsable(f"column {error.colno}: {error.msg}")
-
-
-class _Unparsable:
-    def __init__(self, reason: str):
-        self.reason = reason
-
-
-def _parses_as_object(line: str) -> bool:
-    try:
-        return isinstance(json.loads(line), dict)
-    except json.JSONDecodeError:
-        return False
-
-
-def _check_record_shapes(path: str, split: str, source_lang: str, target_lang: str) -> None:
-    """Every record must be an object with a `translation` object (or per-language fields) whose sentences are
-    strings (null or absent: skipped later as an empty pair). The first wrong one is named with its line."""
-    expected = (f'expected {{"translation": {{"{source_lang}": "...", "{target_lang}": "..."}}}} '
-                f'or {{"{source_lang}": "...", "{target_lang}": "..."}}')
-    kind = Path(path.removesuffix(".gz")).suffix[1:].lower()
-    for where, record in _json_records(path):
-        if isinstance(record, _Unparsable):  # named here, before the json reader logs its own error
-            raise CorpusError(f"The {split} file {path!r} is not valid {kind}: {where}, {record.reason}")
-        if not isinstance(record, dict):
-            if where.startswith("line"):
-                raise CorpusError(f"The {split} file {path!r} is not valid {kind}: {where}: a JSON object per line "
-                                  f"is expected, got {type(record).__name__}")
-            raise CorpusError(f"The {split} file {path!r}, {where}: {expected}, got {type(record).__name__}.")
-        if "translation" in record:
-            pair, field_name = record["translation"], "translation"
-            if pair is not None and not isinstance(pair, dict):
-                raise CorpusError(f"The {split} file {path!r}, {where}: `translation` must be an object, got "
-                                  f"{type(pair).__name__} ({json.dumps(pair, ensure_ascii=False)[:60]}); {expected}.")
-            pair = pair or {}
-        elif source_lang in record or target_lang in record:
-            pair, field_name = record, None
-        else:
-            continue  # no such column at all: the column check names the columns present
-        for lang in (source_lang, target_lang):
-            value = pair.get(lang)
-            if value is not None and not isinstance(value, str):
-                name = f"translation.{lang}" if field_name else lang
-                raise CorpusError(f"The {split} file {path!r}, {where}: `{name}` must be a string (or null), got "
-                                  f"{type(value).__name__} ({json.dumps(value, ensure_ascii=False)[:60]}).")
-
-
 def _columns_to_translation(batch: dict, languages: tuple[str, str]) -> dict:
-    """Turn per-language columns (csv/tsv) into a ``translation`` column of dicts."""
+    """Turn per-language columns into a ``translation`` column of dicts."""
     return {"translation": [dict(zip(languages, texts)) for texts in zip(*(batch[lang] for lang in languages))]}
 
 
-def _is_empty(dataset) -> bool:
-    if isinstance(dataset, IterableDataset):
-        return next(iter(dataset), None) is None
-    return len(dataset) == 0
-
-
 def _carve_missing_splits(corpus: dict, percentage: int, seed: int) -> dict:
-    """Carve missing validation/test splits out of train: a seeded random sample, or every k-th pair when streaming."""
+    """Carve missing validation/test splits out of train: a seeded random sample, or every k-th pair when streaming.
+    Each carved split is announced in the log with its size."""
     missing = [name for name in ("validation", "test") if name not in corpus]
     if not missing:
         return corpus
@@ -319,6 +304,8 @@ def _carve_missing_splits(corpus: dict, percentage: int, seed: int) -> dict:
         period = max(2, round(100 / percentage))
         for offset, name in enumerate(missing):
             corpus[name] = train.filter(partial(_index_in_slot, period=period, slot=offset), with_indices=True)
+            logger.info("%s split: 1 pair in %d of the streamed training data (pair %d, %d, ...), none given",
+                        name, period, offset + 1, offset + 1 + period)
         carved = len(missing)
         corpus["train"] = train.filter(partial(_index_past_slots, period=period, slots=carved), with_indices=True)
         return corpus
@@ -330,6 +317,8 @@ def _carve_missing_splits(corpus: dict, percentage: int, seed: int) -> dict:
             )
         parts = corpus["train"].train_test_split(test_size=percentage / 100, seed=seed, shuffle=True)
         corpus["train"], corpus[name] = parts["train"], parts["test"]
+        logger.info("%s split: %d pairs carved out of the training data (%d%%, seed %d), none given; %d pairs left "
+                    "for training", name, len(corpus[name]), percentage, seed, len(corpus["train"]))
     return corpus
 
 
@@ -385,6 +374,12 @@ def _limit_samples(corpus: dict, args: DataArguments) -> dict:
 
 # ----------------------------------------------------------------------------------------------------- preprocessing
 
+# What the one tokenising pass marks on each pair, and why a pair is dropped (the filter report's keys).
+PAIR_FINE, PAIR_EMPTY, PAIR_TOO_LONG = 0, 1, 2
+KEEP, EMPTY, TOO_LONG, BAD_RATIO = 0, 1, 2, 3
+TOKENIZED_FEATURES = Features({"input_ids": List(Value("int32")), "attention_mask": List(Value("int8")),
+                               "labels": List(Value("int32")), "problem": Value("int8")})
+
 
 def is_nonempty_pair(example: dict, source_lang: str, target_lang: str) -> bool:
     """True when both sides of the pair hold some non-whitespace text."""
@@ -412,100 +407,152 @@ class TrainingData:
     test_references: list[str]
 
 
-def _tokenize_batch(batch: dict, tokenizer, args: DataArguments, length_slack: int) -> dict:
-    """Tokenise sources and targets, truncated ``length_slack`` tokens beyond the maxima (so over-long shows)."""
-    sources = [pair[args.source_lang] for pair in batch["translation"]]
-    targets = [pair[args.target_lang] for pair in batch["translation"]]
-    model_inputs = tokenizer(sources, truncation=True, max_length=args.max_source_length + length_slack)
-    labels = tokenizer(text_target=targets, truncation=True, max_length=args.max_target_length + length_slack)
-    model_inputs["labels"] = labels["input_ids"]
-    return model_inputs
+def _pair_problems(translations: list, args: DataArguments, is_train: bool) -> list[int]:
+    """PAIR_EMPTY for a pair with an empty side; for training, PAIR_TOO_LONG for a side of more than
+    MAX_CHARS_PER_TOKEN characters per allowed token or with a giant word (see `tokenizer_can_train_on`): such a pair
+    is not tokenised at all (tokenizer training and tokenisation would spend super-linear or useless time on it)."""
+    languages = (args.source_lang, args.target_lang)
+    limits = (MAX_CHARS_PER_TOKEN * args.max_source_length, MAX_CHARS_PER_TOKEN * args.max_target_length)
+    problems = []
+    for pair in translations:
+        if not is_nonempty_pair({"translation": pair}, *languages):
+            problems.append(PAIR_EMPTY)
+        elif is_train and not all(len(pair[lang]) <= limit and tokenizer_can_train_on(pair[lang])
+                                  for lang, limit in zip(languages, limits)):
+            problems.append(PAIR_TOO_LONG)
+        else:
+            problems.append(PAIR_FINE)
+    return problems
 
 
-def _fits_lengths(batch: dict, max_source_length: int, max_target_length: int) -> list[bool]:
-    return [
-        len(src) <= max_source_length and len(tgt) <= max_target_length
-        for src, tgt in zip(batch["input_ids"], batch["labels"])
-    ]
+def _tokenize_batch(translations: list, tokenizer, args: DataArguments, is_train: bool) -> dict:
+    """Token ids of the usable pairs (empty lists for the others, marked in ``problem``), truncated one token beyond
+    the maxima for training (so that over-long shows) and at the maxima otherwise."""
+    problems = _pair_problems(translations, args, is_train)
+    usable = [index for index, problem in enumerate(problems) if problem == PAIR_FINE]
+    columns = {name: [[] for _ in translations] for name in ("input_ids", "attention_mask", "labels")}
+    if not usable:  # the tokenizer refuses an empty list
+        return {**columns, "problem": problems}
+    slack = 1 if is_train else 0
+    sources = tokenizer([translations[i][args.source_lang] for i in usable], truncation=True,
+                        max_length=args.max_source_length + slack)
+    targets = tokenizer(text_target=[translations[i][args.target_lang] for i in usable], truncation=True,
+                        max_length=args.max_target_length + slack)
+    for row, index in enumerate(usable):
+        columns["input_ids"][index] = sources["input_ids"][row]
+        columns["attention_mask"][index] = sources["attention_mask"][row]
+        columns["labels"][index] = targets["input_ids"][row]
+    return {**columns, "problem": problems}
 
 
-def _plausible_ratio(batch: dict, max_ratio: float) -> list[bool]:
-    """Length ratio of source and target in tokens, ``</s>`` not counted."""
-    keep = []
-    for src, tgt in zip(batch["input_ids"], batch["labels"]):
-        src_len, tgt_len = max(len(src) - 1, 1), max(len(tgt) - 1, 1)
-        keep.append(max(src_len / tgt_len, tgt_len / src_len) <= max_ratio)
-    return keep
+def _drop_reasons(problems: np.ndarray, source_lengths: np.ndarray, target_lengths: np.ndarray,
+                  args: DataArguments, is_train: bool) -> np.ndarray:
+    """Why each tokenised pair is dropped (KEEP if it is not), in the order the filters apply: EMPTY; for training
+    TOO_LONG (before tokenising, or over max_source_length / max_target_length tokens) then BAD_RATIO (token-length
+    ratio of source and target, </s> not counted, above max_length_ratio)."""
+    reasons = np.where(problems == PAIR_EMPTY, EMPTY, np.where(problems == PAIR_TOO_LONG, TOO_LONG, KEEP))
+    if is_train:
+        over = (source_lengths > args.max_source_length) | (target_lengths > args.max_target_length)
+        reasons[(reasons == KEEP) & over] = TOO_LONG
+        sources, targets = np.maximum(source_lengths - 1, 1), np.maximum(target_lengths - 1, 1)
+        reasons[(reasons == KEEP) & (np.maximum(sources / targets, targets / sources) > args.max_length_ratio)] = \
+            BAD_RATIO
+    return reasons
 
 
 def preprocess_corpus(raw: DatasetDict | IterableDatasetDict, tokenizer, args: DataArguments):
     """Tokenise every split into ``input_ids``/``attention_mask``/``labels`` and filter the training pairs.
 
-    Train drops, in this order, pairs with an empty side, pairs longer than ``max_source_length`` /
-    ``max_target_length`` tokens, and pairs whose token-length ratio exceeds ``max_length_ratio``. Validation and
+    Train drops, in this order, pairs with an empty side, over-long pairs (first, before tokenising, a side of more
+    than ``MAX_CHARS_PER_TOKEN`` characters per allowed token or with a giant word, see
+    :func:`tokenization.tokenizer_can_train_on`; then a side longer than ``max_source_length`` /
+    ``max_target_length`` tokens), and pairs whose token-length ratio exceeds ``max_length_ratio``. Validation and
     test keep every non-empty pair, truncated to the maxima (use :func:`evaluation_pairs` for the aligned
-    references). Returns the tokenised splits and a report ``{split: {"input", "empty", "too_long", "bad_ratio",
-    "kept"}}``; counts are ``None`` for streamed splits, whose length is unknown.
+    references). One tokenising pass reads each split; the filters then work on arrays of lengths. Returns the
+    tokenised splits and a report ``{split: {"input", "empty", "too_long", "bad_ratio", "kept"}}``; counts are
+    ``None`` for streamed splits, whose length is unknown.
     """
     processed, report = {}, {}
-    for name, split in raw.items():
-        is_train = name == "train"
-        columns = split.column_names or list(next(iter(split)).keys())
-        map_options = {} if isinstance(split, IterableDataset) else {
-            "num_proc": args.preprocessing_num_workers,
-            "load_from_cache_file": not args.overwrite_cache,
-        }
-        counts = [_count(split)]
-        split = split.filter(
-            partial(is_nonempty_pair, source_lang=args.source_lang, target_lang=args.target_lang), **map_options
-        )
-        counts.append(_count(split))
-        tokenize = partial(_tokenize_batch, tokenizer=tokenizer, args=args, length_slack=1 if is_train else 0)
-        split = split.map(tokenize, batched=True, remove_columns=columns, **map_options)
-        if is_train:
-            fits = partial(
-                _fits_lengths, max_source_length=args.max_source_length, max_target_length=args.max_target_length
-            )
-            split = split.filter(fits, batched=True, **map_options)
-            counts.append(_count(split))
-            plausible = partial(_plausible_ratio, max_ratio=args.max_length_ratio)
-            split = split.filter(plausible, batched=True, **map_options)
-            counts.append(_count(split))
-        else:
-            counts += [counts[-1], counts[-1]]
-        processed[name] = split
-        report[name] = _filter_report(counts)
+    with cache_faults():
+        for name, split in raw.items():
+            preprocess = _preprocess_stream if isinstance(split, IterableDataset) else _preprocess_split
+            processed[name], report[name] = preprocess(split, name == "train", tokenizer, args)
     result = IterableDatasetDict(processed) if args.streaming else DatasetDict(processed)
     return result, report
 
 
-def _count(split) -> int | None:
-    return None if isinstance(split, IterableDataset) else len(split)
+def _preprocess_split(split: Dataset, is_train: bool, tokenizer, args: DataArguments) -> tuple[Dataset, dict]:
+    """(tokenised split, filter report) of an in-memory split: one map (cached by `datasets`), then the filters on
+    arrays of lengths and a selection of the kept rows."""
+    tokenize = partial(_tokenize_batch, tokenizer=tokenizer, args=args, is_train=is_train)
+    tokenized = split.map(tokenize, batched=True, input_columns=["translation"], remove_columns=split.column_names,
+                          features=TOKENIZED_FEATURES, num_proc=args.preprocessing_num_workers,
+                          load_from_cache_file=not args.overwrite_cache,
+                          new_fingerprint=_tokenized_fingerprint(split, tokenizer, args, is_train))
+    reasons = _drop_reasons(column_array(tokenized, "problem"), list_lengths(tokenized, "input_ids"),
+                            list_lengths(tokenized, "labels"), args, is_train)
+    counts = np.bincount(reasons, minlength=4)
+    report = {"input": len(split), "empty": int(counts[EMPTY]), "too_long": int(counts[TOO_LONG]),
+              "bad_ratio": int(counts[BAD_RATIO]), "kept": int(counts[KEEP])}
+    kept = tokenized if report["kept"] == len(split) else tokenized.select(np.flatnonzero(reasons == KEEP))
+    return kept.remove_columns("problem"), report
 
 
-def _filter_report(counts: list[int | None]) -> dict:
-    """Turn the sizes before/after each filter into numbers dropped per filter."""
-    initial, non_empty, short_enough, kept = counts
-    if initial is None:
-        return {"input": None, "empty": None, "too_long": None, "bad_ratio": None, "kept": None}
-    return {
-        "input": initial,
-        "empty": initial - non_empty,
-        "too_long": non_empty - short_enough,
-        "bad_ratio": short_enough - kept,
-        "kept": kept,
-    }
+def _preprocess_stream(split: IterableDataset, is_train: bool, tokenizer, args: DataArguments):
+    """(tokenised stream, unknown counts): the same tokenising and filters, applied while the stream is read."""
+    columns = split.column_names or list(next(iter(split)).keys())
+    tokenize = partial(_tokenize_batch, tokenizer=tokenizer, args=args, is_train=is_train)
+    tokenized = split.map(tokenize, batched=True, input_columns=["translation"], remove_columns=columns,
+                          features=TOKENIZED_FEATURES)
+    kept = tokenized.filter(partial(_kept_in_batch, args=args, is_train=is_train), batched=True,
+                            input_columns=["problem", "input_ids", "labels"])
+    report = dict.fromkeys(("input", "empty", "too_long", "bad_ratio", "kept"))
+    return kept.remove_columns("problem"), report
 
 
-def sequence_lengths(dataset: Dataset) -> tuple[list[int], list[int]]:
+def _kept_in_batch(problems: list, inputs: list, labels: list, args: DataArguments, is_train: bool) -> list[bool]:
+    lengths = [np.array([len(ids) for ids in column], dtype=np.int64) for column in (inputs, labels)]
+    return list(_drop_reasons(np.array(problems, dtype=np.int64), *lengths, args, is_train) == KEEP)
+
+
+def _tokenized_fingerprint(split: Dataset, tokenizer, args: DataArguments, is_train: bool) -> str:
+    """The `datasets` cache key of a tokenised split: what decides the token ids (the tokenizer's content, not the
+    folder it was loaded from, which `datasets` would hash too and which differs between runs), the lengths, the
+    languages and the code of the tokenising functions."""
+    backend = json.loads(tokenizer.backend_tokenizer.to_str())
+    for call_state in ("truncation", "padding"):  # set by the last call (the lengths are in `settings`)
+        backend.pop(call_state, None)
+    content = [backend, tokenizer.special_tokens_map, tokenizer.split_special_tokens]
+    settings = [args.source_lang, args.target_lang, args.max_source_length, args.max_target_length, is_train,
+                MAX_CHARS_PER_TOKEN]
+    code = [Hasher.hash(function) for function in (_tokenize_batch, _pair_problems, tokenizer_can_train_on)]
+    return Hasher.hash([split._fingerprint, code, content, settings])
+
+
+def list_lengths(dataset: Dataset, column: str) -> np.ndarray:
+    """The length of ``column``'s list in every row, read from the dataset's Arrow table without turning any list
+    into Python objects (O(rows), not O(tokens))."""
+    return _through_indices(dataset, pc.list_value_length(dataset.data.column(column)))
+
+
+def column_array(dataset: Dataset, column: str) -> np.ndarray:
+    """A scalar column of every row as a numpy array, read from the Arrow table."""
+    return _through_indices(dataset, dataset.data.column(column))
+
+
+def _through_indices(dataset: Dataset, values) -> np.ndarray:
+    """``values`` (one per row of the dataset's table) for the dataset's rows: a filtered or selected dataset keeps
+    its rows as an indices mapping over the table (`datasets`' `_indices`, which has no public accessor; reading
+    rows through it one batch at a time costs ~100x more for the lengths of 1M pairs)."""
+    indices = getattr(dataset, "_indices", None)
+    if indices is not None:
+        values = values.take(indices.column(0))
+    return values.to_numpy()
+
+
+def sequence_lengths(dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
     """Token lengths of the sources (``input_ids``) and targets (``labels``) of a tokenised split."""
-    lengths = dataset.map(
-        lambda batch: {"src_len": [len(x) for x in batch["input_ids"]], "tgt_len": [len(x) for x in batch["labels"]]},
-        batched=True,
-        remove_columns=dataset.column_names,
-        keep_in_memory=True,
-    )
-    return list(lengths["src_len"]), list(lengths["tgt_len"])
+    return list_lengths(dataset, "input_ids"), list_lengths(dataset, "labels")
 
 
 def make_collator(tokenizer) -> DataCollatorForSeq2Seq:
@@ -600,9 +647,11 @@ class TokenBucketBatchSampler(ShardedBatchSampler):
         super().__init__(shuffle, seed, num_replicas, rank, drop_last)
         if len(src_lengths) != len(tgt_lengths):
             raise ValueError(f"{len(src_lengths)} source lengths but {len(tgt_lengths)} target lengths.")
-        self.lengths = [max(s, t) for s, t in zip(src_lengths, tgt_lengths)]
-        self.src_lengths, self.tgt_lengths = list(src_lengths), list(tgt_lengths)
-        longest = max(self.lengths, default=0)
+        # numpy arrays: 4 bytes a pair, where Python lists of ints took ~40
+        self.src_lengths = np.asarray(src_lengths, dtype=np.int32)
+        self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int32)
+        self.lengths = np.maximum(self.src_lengths, self.tgt_lengths)
+        longest = int(self.lengths.max()) if len(self.lengths) else 0
         if max_tokens < longest:
             raise ValueError(
                 f"max_tokens={max_tokens} is smaller than the longest example ({longest} tokens); raise --max_tokens "
@@ -619,21 +668,30 @@ class TokenBucketBatchSampler(ShardedBatchSampler):
         order = list(range(len(self.lengths)))
         if self.shuffle:
             rng.shuffle(order)
-        order.sort(key=lambda i: (self.lengths[i], self.src_lengths[i]))
-        batches, batch, longest = [], [], 0
-        for index in order:
-            candidate_longest = max(longest, self.lengths[index])
-            if batch and (len(batch) + 1) * candidate_longest > self.max_tokens:
-                batches.append(batch)
-                batch, candidate_longest = [], self.lengths[index]
-            batch.append(index)
-            longest = candidate_longest
-        if batch:
-            batches.append(batch)
+        order = np.array(order, dtype=np.int64)
+        # a stable sort by (length, source length): the shuffle breaks the ties
+        key = self.lengths[order].astype(np.int64) * (int(self.src_lengths.max(initial=0)) + 1) + \
+            self.src_lengths[order]
+        order = order[np.argsort(key, kind="stable")]
+        batches = _pack_sorted(order.tolist(), self.lengths[order].tolist(), self.max_tokens)
         if self.shuffle:
             rng.shuffle(batches)
         self._cache = (self.epoch, batches)
         return batches
+
+
+def _pack_sorted(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Greedy batches of the pairs `order` (sorted by non-decreasing `lengths`, aligned with it): a batch closes when
+    one more pair would make batch size x its longest pair exceed `max_tokens`."""
+    batches, batch = [], []
+    for index, length in zip(order, lengths):
+        if batch and (len(batch) + 1) * length > max_tokens:
+            batches.append(batch)
+            batch = []
+        batch.append(index)
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 class SentenceBatchSampler(ShardedBatchSampler):
@@ -681,10 +739,15 @@ def make_batch_sampler(
 
 def padding_fraction(batches: Sequence[Sequence[int]], src_lengths: Sequence[int], tgt_lengths: Sequence[int]) -> float:
     """Share of padding among all source and target positions once each batch is padded to its longest sequence."""
+    batches = [batch for batch in batches if len(batch)]
+    if not batches:
+        return 0.0
+    rows = np.fromiter(chain.from_iterable(batches), dtype=np.int64)
+    sizes = np.fromiter(map(len, batches), dtype=np.int64)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
     padded = real = 0
-    for batch in batches:
-        for lengths in (src_lengths, tgt_lengths):
-            batch_lengths = [lengths[i] for i in batch]
-            padded += len(batch_lengths) * max(batch_lengths)
-            real += sum(batch_lengths)
+    for lengths in (src_lengths, tgt_lengths):
+        values = np.asarray(lengths, dtype=np.int64)[rows]
+        padded += int((np.maximum.reduceat(values, starts) * sizes).sum())
+        real += int(values.sum())
     return 1 - real / padded if padded else 0.0

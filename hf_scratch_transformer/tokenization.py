@@ -4,19 +4,49 @@ NFC normalisation plus a byte-level pre-tokenizer and decoder make ``decode(enco
 so ``<unk>`` is never produced. Special tokens ``<pad>``, ``<s>``, ``</s>``, ``<unk>`` get ids 0, 1, 2, 3 (the model
 config's defaults: pad=0, bos=decoder_start=1, eos=2); a post-processor appends ``</s>`` to every sequence.
 Special tokens written literally in the input text (``"<s>"``) are encoded as plain text (``split_special_tokens``),
-so such strings round-trip too.
+so such strings round-trip too. The language pair a tokenizer was trained for is saved with it (``source_lang`` /
+``target_lang`` in tokenizer_config.json, as Marian's tokenizer does): :func:`language_pair` reads it back.
 """
 
 import heapq
 import json
 import random
+import re
 from collections.abc import Iterable, Iterator
 
-from datasets import DatasetDict, IterableDatasetDict
+from datasets import Dataset, DatasetDict, IterableDatasetDict
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
+# BPE training time grows with the square of a word's length (a 1 MB run without spaces: minutes); texts with a
+# longer whitespace-free run are left out of tokenizer training (and the training pairs holding them are dropped).
+MAX_WORD_CHARS = 1000
+_GIANT_WORD = re.compile(r"\S{%d}" % (MAX_WORD_CHARS + 1))
+SAMPLE_BATCH = 1000  # rows read at a time from a Dataset for tokenizer training
+
+
+def tokenizer_can_train_on(text: str) -> bool:
+    """True unless ``text`` holds a run of more than ``MAX_WORD_CHARS`` characters without whitespace."""
+    return _GIANT_WORD.search(text) is None
+
+
+def language_pair(tokenizer) -> tuple[str | None, str | None]:
+    """(source, target) language codes the tokenizer was trained for, or (None, None) when it does not say.
+
+    Reads what :func:`set_language_pair` saved (``source_lang`` / ``target_lang`` in tokenizer_config.json), and a
+    Marian tokenizer's attributes of the same names."""
+    saved = getattr(tokenizer, "init_kwargs", None) or {}
+    source = getattr(tokenizer, "source_lang", None) or saved.get("source_lang")
+    target = getattr(tokenizer, "target_lang", None) or saved.get("target_lang")
+    return (source, target) if source and target else (None, None)
+
+
+def set_language_pair(tokenizer, source_lang: str, target_lang: str):
+    """Record the language pair with ``tokenizer``: save_pretrained writes it to tokenizer_config.json and
+    from_pretrained reads it back (see :func:`language_pair`). Returns the tokenizer."""
+    tokenizer.init_kwargs.update(source_lang=source_lang, target_lang=target_lang)
+    return tokenizer
 
 
 def sample_sentences(texts: Iterable[str], max_sentences: int, seed: int = 0) -> list[str]:
@@ -72,12 +102,25 @@ def train_bpe_tokenizer(
 
 def _both_sides(dataset, source_lang: str, target_lang: str) -> Iterator[str]:
     """Yield the source then the target sentence of every example of a (possibly streaming) dataset; missing or null
-    sentences (skipped later by the preprocessing) are left out."""
-    for example in dataset:
-        pair = example.get("translation") or {}
-        for lang in (source_lang, target_lang):
-            if isinstance(pair.get(lang), str):
-                yield pair[lang]
+    sentences (skipped later by the preprocessing) and sentences the tokenizer cannot train on in linear time
+    (:func:`tokenizer_can_train_on`; their pairs are dropped by the preprocessing) are left out."""
+    batches = dataset.iter(batch_size=SAMPLE_BATCH)
+    for batch in batches:
+        for pair in batch["translation"]:
+            for lang in (source_lang, target_lang):
+                text = (pair or {}).get(lang)
+                if isinstance(text, str) and tokenizer_can_train_on(text):
+                    yield text
+
+
+def _sampled_pairs(dataset, max_sentences: int | None, seed: int):
+    """The pairs to train on: all of them when they hold at most ``max_sentences`` sentences or the dataset is
+    streamed (then :func:`sample_sentences` samples the stream), else a seeded uniform sample of
+    ``max_sentences // 2`` pairs read from a Dataset in index order (not every row of a large corpus is read)."""
+    if max_sentences is None or not isinstance(dataset, Dataset) or 2 * len(dataset) <= max_sentences:
+        return dataset
+    chosen = sorted(random.Random(seed).sample(range(len(dataset)), max_sentences // 2))
+    return dataset.select(chosen, keep_in_memory=True)
 
 
 def train_tokenizer_on_corpus(
@@ -89,16 +132,18 @@ def train_tokenizer_on_corpus(
     seed: int = 0,
     model_max_length: int = 512,
 ) -> PreTrainedTokenizerFast:
-    """Train the joint tokenizer on both languages of ``dataset`` (the train split, a Dataset or IterableDataset)."""
+    """Train the joint tokenizer on both languages of ``dataset`` (the train split, a Dataset or IterableDataset),
+    at most ``max_sentences`` sentences of it; the language pair is recorded with it."""
     if isinstance(dataset, (DatasetDict, IterableDatasetDict)):
         raise TypeError("Pass the train split (a Dataset or IterableDataset), not a DatasetDict.")
-    return train_bpe_tokenizer(
-        _both_sides(dataset, source_lang, target_lang),
+    tokenizer = train_bpe_tokenizer(
+        _both_sides(_sampled_pairs(dataset, max_sentences, seed), source_lang, target_lang),
         vocab_size=vocab_size,
         max_sentences=max_sentences,
         seed=seed,
         model_max_length=model_max_length,
     )
+    return set_language_pair(tokenizer, source_lang, target_lang)
 
 
 class BPEDropout:

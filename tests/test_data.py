@@ -197,6 +197,242 @@ def test_hub_style_dataset_with_dev_split_is_accepted(monkeypatch):
     assert sorted(corpus) == ["test", "train", "validation"]
 
 
+# ------------------------------------------------------------------- users' corpora: plain text, TSV, CSV, saved sets
+
+QUOTED = [("\"Hello,\" he said.", "\"Hallo\", sagte er."), ("It's \"fine", "Es ist \"gut"), ("Tab-free, 'single'", "x")]
+
+
+def write_plain_pairs(prefix: Path, pairs, source="en", target="es", line_end="\n", compress=()) -> str:
+    """PREFIX.source + PREFIX.target, one sentence per line; the languages in `compress` are gzip-compressed."""
+    import gzip
+
+    for index, lang in enumerate((source, target)):
+        text = "".join(pair[index] + line_end for pair in pairs).encode("utf-8")
+        path = Path(f"{prefix}.{lang}")
+        if lang in compress:
+            Path(f"{path}.gz").write_bytes(gzip.compress(text))
+        else:
+            path.write_bytes(text)
+    return str(prefix)
+
+
+def loaded_pairs(dataset) -> list[tuple[str, str]]:
+    return [(pair["en"], pair["es"]) for pair in dataset["translation"]]
+
+
+@pytest.mark.parametrize("compress", [(), ("en",), ("en", "es")])
+def test_plain_text_pairs_load_from_a_prefix(tmp_path, compress):
+    pairs = [(f"sentence {i}", f"frase {i}") for i in range(30)]
+    args = DataArguments(train_file=write_plain_pairs(tmp_path / "train", pairs, compress=compress),
+                         validation_file=write_plain_pairs(tmp_path / "dev", pairs[:3]),
+                         test_file=write_plain_pairs(tmp_path / "test", pairs[3:5]))
+    corpus = load_parallel_corpus(args)
+    assert loaded_pairs(corpus["train"]) == pairs
+    assert loaded_pairs(corpus["validation"]) == pairs[:3] and loaded_pairs(corpus["test"]) == pairs[3:5]
+
+
+def test_plain_text_pairs_stream(tmp_path):
+    pairs = [(f"sentence {i}", f"frase {i}") for i in range(40)]
+    corpus = load_parallel_corpus(DataArguments(train_file=write_plain_pairs(tmp_path / "train", pairs),
+                                                streaming=True))
+    assert isinstance(corpus["train"], IterableDataset)
+    seen = {split: [(ex["translation"]["en"], ex["translation"]["es"]) for ex in ds] for split, ds in corpus.items()}
+    assert (len(seen["validation"]), len(seen["test"]), len(seen["train"])) == (2, 2, 36)
+    assert sorted(sum(seen.values(), [])) == sorted(pairs)
+
+
+def test_plain_text_pairs_with_different_line_counts_name_both_files_and_counts(tmp_path):
+    prefix = write_plain_pairs(tmp_path / "train", [("a", "b")] * 5)
+    Path(f"{prefix}.es").write_text("b\n" * 4)
+    for streaming in (False, True):
+        with pytest.raises(CorpusError) as error:
+            load_parallel_corpus(DataArguments(train_file=prefix, streaming=streaming))
+        message = str(error.value)
+        assert f"{prefix}.en has 5 lines but {prefix}.es has 4" in message, message
+
+
+def test_crlf_bom_and_surrounding_whitespace_are_removed(tmp_path):
+    prefix = tmp_path / "train"
+    (tmp_path / "train.en").write_bytes("\ufeffHello.  \r\n\tJesus wept. \r\n".encode())
+    (tmp_path / "train.es").write_bytes("\ufeffHola.\r\nY lloró Jesús.\r\n".encode())
+    corpus = load_parallel_corpus(DataArguments(train_file=str(prefix), validation_file=str(prefix),
+                                                test_file=str(prefix)))
+    assert loaded_pairs(corpus["train"]) == [("Hello.", "Hola."), ("Jesus wept.", "Y lloró Jesús.")]
+
+
+def test_only_newline_ends_a_line(tmp_path):
+    """U+2028, U+0085, form feed and a lone CR stay inside their sentence: splitting there would misalign the two
+    sides."""
+    inside = ["one\u2028two", "three\x85four", "five\x0csix", "seven\rcarriage"]
+    pairs = [(text, f"es {i}") for i, text in enumerate(inside)]
+    prefix = write_plain_pairs(tmp_path / "train", pairs)
+    corpus = load_parallel_corpus(DataArguments(train_file=prefix, validation_file=prefix, test_file=prefix))
+    assert loaded_pairs(corpus["train"]) == pairs
+
+
+def test_tsv_keeps_quotes_as_characters(tmp_path):
+    (tmp_path / "train.tsv").write_text("".join(f"{en}\t{es}\n" for en, es in QUOTED * 3))
+    corpus = load_parallel_corpus(DataArguments(train_file=str(tmp_path / "train.tsv"),
+                                                validation_file=str(tmp_path / "train.tsv"),
+                                                test_file=str(tmp_path / "train.tsv")))
+    assert loaded_pairs(corpus["validation"]) == QUOTED * 3  # the unbalanced quote did not merge two columns
+
+
+def test_tsv_header_naming_the_languages_is_skipped_and_gives_the_column_order(tmp_path):
+    (tmp_path / "es_en.tsv").write_text("es\ten\nHola.\tHello.\nAdiós.\tBye.\n")
+    corpus = load_parallel_corpus(DataArguments(train_file=str(tmp_path / "es_en.tsv"),
+                                                validation_file=str(tmp_path / "es_en.tsv"),
+                                                test_file=str(tmp_path / "es_en.tsv")))
+    assert loaded_pairs(corpus["train"]) == [("Hello.", "Hola."), ("Bye.", "Adiós.")]
+
+
+def test_tsv_line_without_two_columns_is_named(tmp_path):
+    (tmp_path / "train.tsv").write_text("a\tb\nc\td\te\n")
+    with pytest.raises(CorpusError, match=r"train.tsv', line 2: 3 tab-separated fields"):
+        load_parallel_corpus(DataArguments(train_file=str(tmp_path / "train.tsv")))
+
+
+def test_csv_quoting_round_trips_quotes_and_commas(tmp_path):
+    with open(tmp_path / "train.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["es", "en"])  # columns named, in any order
+        writer.writerows([(es, en) for en, es in QUOTED * 3])
+    path = str(tmp_path / "train.csv")
+    corpus = load_parallel_corpus(DataArguments(train_file=path, validation_file=path, test_file=path))
+    assert loaded_pairs(corpus["test"]) == QUOTED * 3
+
+
+@pytest.mark.parametrize("bad_line", ['"Hallo", sagte er.,"Hello," he said.', 'Bye,"unclosed'])
+def test_csv_with_broken_quoting_is_refused_not_mangled(tmp_path, bad_line):
+    (tmp_path / "train.csv").write_text(f"de,en\nJa,Yes\n{bad_line}\nNein,No\n")
+    with pytest.raises(CorpusError, match=r"train.csv', line 3: not valid CSV.*\.tsv"):
+        load_parallel_corpus(DataArguments(train_file=str(tmp_path / "train.csv"), source_lang="de", target_lang="en"))
+
+
+@pytest.mark.parametrize("compression", ["gzip", "xz", "bz2"])
+def test_compression_is_recognised_from_the_content_not_the_name(tmp_path, compression):
+    import bz2
+    import gzip
+    import lzma
+
+    compress = {"gzip": gzip.compress, "xz": lzma.compress, "bz2": bz2.compress}[compression]
+    text = "".join(json.dumps({"translation": pair}) + "\n" for pair in PAIRS * 10)
+    (tmp_path / "train.jsonl").write_bytes(compress(text.encode()))  # named .jsonl, compressed inside
+    corpus = load_parallel_corpus(DataArguments(train_file=str(tmp_path / "train.jsonl")))
+    assert sum(len(split) for split in corpus.values()) == 40
+
+
+def test_a_json_object_of_columns_is_read_and_unequal_columns_are_refused(tmp_path):
+    columns = {"en": [f"sentence {i}" for i in range(40)], "es": [f"frase {i}" for i in range(40)],
+               "id": list(range(40))}
+    (tmp_path / "columns.json").write_text(json.dumps(columns))
+    path = str(tmp_path / "columns.json")
+    corpus = load_parallel_corpus(DataArguments(train_file=path, validation_file=path, test_file=path))
+    assert loaded_pairs(corpus["test"]) == list(zip(columns["en"], columns["es"]))
+    (tmp_path / "short.json").write_text(json.dumps({"en": ["a", "b"], "es": ["c"]}))
+    with pytest.raises(CorpusError, match=r"columns of different lengths \{'en': 2, 'es': 1\}"):
+        load_parallel_corpus(DataArguments(train_file=str(tmp_path / "short.json")))
+
+
+def test_saved_datasets_are_accepted_wherever_a_corpus_is(tmp_path):
+    rows = {"en": [f"sentence {i}" for i in range(40)], "es": [f"frase {i}" for i in range(40)]}
+    DatasetDict({"train": Dataset.from_dict(rows), "dev": Dataset.from_dict(rows).select(range(4))}).save_to_disk(
+        tmp_path / "dict")
+    Dataset.from_dict({"translation": [{"en": "Hi.", "es": "Hola."}] * 3}).save_to_disk(tmp_path / "single")
+    named = load_parallel_corpus(DataArguments(dataset_name=str(tmp_path / "dict")))
+    assert len(named["validation"]) == 4 and named["train"][0]["translation"]["es"].startswith("frase")
+    files = load_parallel_corpus(DataArguments(train_file=str(tmp_path / "dict"), test_file=str(tmp_path / "single"),
+                                               validation_file=str(tmp_path / "dict")))
+    assert (len(files["train"]), len(files["validation"]), len(files["test"])) == (40, 4, 3)
+    streamed = load_parallel_corpus(DataArguments(dataset_name=str(tmp_path / "dict"), streaming=True))
+    assert next(iter(streamed["validation"]))["translation"] == {"en": "sentence 0", "es": "frase 0"}
+
+
+def test_a_json_corpus_is_read_once_and_then_served_from_the_cache_until_it_changes(tmp_path):
+    path = write_jsonl(tmp_path / "train.jsonl", pair_records())
+    with files_opened(path) as opened:
+        first = load_parallel_corpus(DataArguments(train_file=str(path), validation_file=str(path),
+                                                   test_file=str(path)))
+    assert len(opened) == 1  # one reading, not one per check (and the three splits share its cache)
+    with files_opened(path) as opened:
+        load_parallel_corpus(DataArguments(train_file=str(path)))
+    assert opened == []  # the same file again: datasets' cache
+    write_jsonl(path, pair_records()[:10])
+    with files_opened(path) as opened:
+        changed = load_parallel_corpus(DataArguments(train_file=str(path), validation_file=str(path),
+                                                     test_file=str(path)))
+    assert len(first["train"]) == len(CORPUS_PAIRS) and len(changed["train"]) == 10 and len(opened) == 1
+
+
+class files_opened:  # noqa: N801
+    """The opens of `path` (through Python's audit events) while the block runs."""
+
+    watched: dict = {}
+    hooked = False  # an audit hook cannot be removed: one for the session
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __enter__(self):
+        import sys
+
+        if not files_opened.hooked:
+            sys.addaudithook(files_opened._hook)
+            files_opened.hooked = True
+        files_opened.watched[self.path] = []
+        return files_opened.watched[self.path]
+
+    def __exit__(self, *exc):
+        files_opened.watched.pop(self.path)
+
+    @staticmethod
+    def _hook(event, args):
+        if event == "open" and files_opened.watched and str(args[0]) in files_opened.watched:
+            files_opened.watched[str(args[0])].append(args[1])
+
+
+def test_carved_splits_are_announced_with_their_size(tmp_path, caplog):
+    pairs = [{"en": f"sentence {i}", "es": f"frase {i}"} for i in range(200)]
+    args = DataArguments(train_file=write_pairs(tmp_path / "train.jsonl", pairs), validation_split_percentage=10)
+    with caplog.at_level("INFO", logger="hf_scratch_transformer"):
+        load_parallel_corpus(args, seed=1)
+    messages = [record.getMessage() for record in caplog.records]
+    assert any(m.startswith("validation split: 20 pairs carved out of the training data (10%") for m in messages)
+    assert any(m.startswith("test split: 18 pairs carved out of the training data") for m in messages)
+
+
+def test_spanish_to_english_trains_on_english_labels(shipped_corpus, tmp_path):
+    """The direction comes from the flags: with es→en the labels are the English side, and the tokenizer says so."""
+    from transformers import AutoTokenizer
+
+    from hf_scratch_transformer.tokenization import language_pair
+
+    raw = DatasetDict({name: shipped_corpus[name].select(range(40)) for name in ("train", "validation", "test")})
+    args = DataArguments(source_lang="es", target_lang="en")
+    tokenizer = train_tokenizer_on_corpus(raw["train"], "es", "en", vocab_size=400)
+    processed, _ = preprocess_corpus(raw, tokenizer, args)
+    labels = tokenizer.batch_decode(processed["train"]["labels"][:3], skip_special_tokens=True)
+    sources = tokenizer.batch_decode(processed["train"]["input_ids"][:3], skip_special_tokens=True)
+    kept = [pair for pair in raw["train"]["translation"]][:3]
+    assert labels == [pair["en"] for pair in kept] and sources == [pair["es"] for pair in kept]
+    assert evaluation_pairs(raw["test"], args)[1][0].startswith("In the beginning")
+    tokenizer.save_pretrained(tmp_path)
+    assert language_pair(AutoTokenizer.from_pretrained(tmp_path)) == ("es", "en")
+
+
+def test_giant_words_and_over_long_sides_are_dropped_before_tokenising_and_counted(tmp_path, corpus_tokenizer):
+    from hf_scratch_transformer.tokenization import MAX_WORD_CHARS, _both_sides
+
+    giant = "x" * (MAX_WORD_CHARS + 1)
+    train = [{"en": "A good sentence.", "es": "Una buena frase."},
+             {"en": f"see {giant}", "es": "mira"},  # one giant whitespace-free run
+             {"en": "word " * 400, "es": "palabra"}]  # 2,000 characters: more than 16 per allowed token
+    raw = DatasetDict({"train": Dataset.from_dict({"translation": train})})
+    assert giant not in " ".join(_both_sides(raw["train"], "en", "es"))  # the tokenizer never trains on it
+    _, report = preprocess_corpus(raw, corpus_tokenizer, DataArguments(max_source_length=100, max_target_length=100))
+    assert report["train"] == {"input": 3, "empty": 0, "too_long": 2, "bad_ratio": 0, "kept": 1}
+
+
 # -------------------------------------------------------------------------------------------------- preprocessing
 
 
@@ -225,6 +461,32 @@ def test_preprocessing_filters_train_and_reports_each_filter(corpus_tokenizer):
     assert all(ids[-1] == corpus_tokenizer.eos_token_id for ids in processed["validation"]["labels"])
     sources, references = evaluation_pairs(raw["validation"], args)
     assert len(references) == processed["validation"].num_rows and references[1] == "palabra " * 40
+
+
+def test_a_second_run_reuses_the_tokenised_cache_whatever_folder_the_tokenizer_comes_from(tmp_path):
+    """`datasets` would hash the tokenizer object, whose loading folder (the run's output directory) differs between
+    runs: the cache key is its content, so the second run finds the first run's files."""
+    from transformers import AutoTokenizer
+
+    path = write_jsonl(tmp_path / "pairs.jsonl", pair_records())
+    args = DataArguments(train_file=str(path), validation_file=str(path), test_file=str(path))
+    raw = load_parallel_corpus(args)
+    tokenizer = train_tokenizer_on_corpus(raw["train"], "en", "es", vocab_size=300)
+    files = {}
+    for run in ("first", "second"):
+        tokenizer.save_pretrained(tmp_path / run / ".tokenizer")
+        processed, _ = preprocess_corpus(raw, AutoTokenizer.from_pretrained(tmp_path / run / ".tokenizer"), args)
+        files[run] = {name: [entry["filename"] for entry in split.cache_files] for name, split in processed.items()}
+    assert files["first"] == files["second"] and files["first"]["train"]
+
+
+def test_sequence_lengths_follow_the_rows_of_a_filtered_and_selected_split():
+    rows = {"input_ids": [[1] * (i % 7 + 1) for i in range(50)], "labels": [[2] * (i % 5 + 1) for i in range(50)]}
+    dataset = Dataset.from_dict(rows).filter(lambda ids: len(ids) != 3, input_columns=["input_ids"]).select(
+        [9, 0, 4, 30])
+    sources, targets = sequence_lengths(dataset)
+    assert sources.tolist() == [len(ids) for ids in dataset["input_ids"]]
+    assert targets.tolist() == [len(ids) for ids in dataset["labels"]]
 
 
 def test_shipped_glossary_verse_is_dropped_as_over_long(shipped_corpus, corpus_tokenizer):

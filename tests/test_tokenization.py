@@ -78,3 +78,44 @@ def test_tokenizer_trained_on_a_sample_still_covers_all_bytes():
 def test_corpus_training_wants_a_split_not_a_dict(shipped_corpus):
     with pytest.raises(TypeError, match="train split"):
         train_tokenizer_on_corpus(shipped_corpus, "en", "es", vocab_size=300)
+
+
+def test_language_pair_is_saved_with_the_tokenizer_and_read_back(tmp_path):
+    from datasets import Dataset
+
+    from hf_scratch_transformer.tokenization import language_pair
+
+    pairs = Dataset.from_dict({"translation": [{"es": "Hola, mundo.", "en": "Hello, world."}] * 20})
+    tokenizer = train_tokenizer_on_corpus(pairs, "es", "en", vocab_size=300)
+    assert language_pair(tokenizer) == ("es", "en")
+    tokenizer.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert language_pair(reloaded) == ("es", "en")
+    reloaded.save_pretrained(tmp_path / "again")  # survives a second save too
+    assert language_pair(AutoTokenizer.from_pretrained(tmp_path / "again")) == ("es", "en")
+
+
+def test_language_pair_is_unknown_for_a_tokenizer_that_does_not_say(tmp_path):
+    from types import SimpleNamespace
+
+    from hf_scratch_transformer.tokenization import language_pair
+
+    plain = train_bpe_tokenizer(["a few words"] * 5, vocab_size=300)
+    plain.save_pretrained(tmp_path)
+    assert language_pair(AutoTokenizer.from_pretrained(tmp_path)) == (None, None)
+    marian_like = SimpleNamespace(source_lang="de", target_lang="en", init_kwargs={})  # MarianTokenizer's attributes
+    assert language_pair(marian_like) == ("de", "en")
+
+
+def test_a_large_dataset_is_sampled_by_pairs_without_reading_every_row():
+    from datasets import Dataset
+
+    from hf_scratch_transformer.tokenization import _sampled_pairs
+
+    pairs = Dataset.from_dict({"translation": [{"en": f"s{i}", "es": f"f{i}"} for i in range(1000)]})
+    sample = _sampled_pairs(pairs, max_sentences=100, seed=1)
+    english = [pair["en"] for pair in sample["translation"]]
+    assert len(english) == 50 == len(set(english))
+    assert english == [pair["en"] for pair in _sampled_pairs(pairs, 100, seed=1)["translation"]]
+    assert english != [pair["en"] for pair in _sampled_pairs(pairs, 100, seed=2)["translation"]]
+    assert _sampled_pairs(pairs, max_sentences=2000, seed=1) is pairs  # small enough: every pair, in order
