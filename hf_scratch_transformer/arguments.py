@@ -18,7 +18,8 @@ from transformers import HfArgumentParser
 
 from .configuration_scratch_transformer import DEFAULT_PRESET, PRESETS, ScratchTransformerConfig
 from .data import DataArguments
-from .errors import UsageError
+from .errors import UsageError, check_range
+from .translation_core import DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B, DecodingOptions, InvalidOption
 
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 LR_SCHEDULERS = ("inverse_sqrt", "linear", "cosine", "constant_with_warmup")  # transformers.get_scheduler names
@@ -74,6 +75,11 @@ class ModelArguments:
     normalize_before: bool | None = field(  # `--normalize_before` alone means true
         default=None, metadata={"help": "Pre-norm instead of the paper's post-norm.", "nargs": "?", "const": True})
     max_position_embeddings: int | None = _config_field("Longest sequence the model accepts (the config's: 1024).")
+
+    def __post_init__(self):
+        for name in DROPOUT_FIELDS:
+            check_range(name, getattr(self, name), 0, 1, high_ok=False)
+        check_range("max_position_embeddings", self.max_position_embeddings, 2)
 
     def preset_name(self) -> str:
         return self.preset or DEFAULT_PRESET
@@ -177,9 +183,9 @@ class RunArguments:
     num_beams: int = field(default=4, metadata={"help": "Beam size of the test evaluation and the saved model."})
     eval_max_new_tokens: int = field(default=256, metadata={"help": "Longest translation during evaluation."})
     max_len_a: float = field(
-        default=1.5, metadata={"help": "Evaluation translations get at most max_len_a * source tokens + max_len_b new "
+        default=DEFAULT_MAX_LEN_A, metadata={"help": "Evaluation translations get at most max_len_a * source tokens + max_len_b new "
                                        "tokens (fairseq), within --eval_max_new_tokens; 0 and 0: no bound."})
-    max_len_b: float = field(default=10, metadata={"help": "See --max_len_a."})
+    max_len_b: float = field(default=DEFAULT_MAX_LEN_B, metadata={"help": "See --max_len_a."})
     do_train: bool = field(default=False, metadata={"help": "Train (with no --do_* flag: train, eval and predict)."})
     do_eval: bool = field(default=False, metadata={"help": "Validation loss, BLEU and chrF at the end."})
     do_predict: bool = field(
@@ -206,6 +212,25 @@ class RunArguments:
     debug: bool = field(default=False, metadata={"help": "Show full tracebacks of errors."})
     verbose: bool = field(
         default=False, metadata={"help": "Show the datasets progress bars and library logs that are hidden by default."})
+
+    def __post_init__(self):
+        """Every value checked on its own, before any work; a run with no --do_* flag does all three."""
+        self.output_dir = str(Path(self.output_dir).expanduser())  # a YAML config's `~/runs/x` too
+        for rule in RUN_RANGES:
+            check_range(rule[0], getattr(self, rule[0]), *rule[1:3], **rule[3] if len(rule) > 3 else {})
+        if self.max_steps <= 0 and self.num_train_epochs is not None and not self.num_train_epochs > 0:
+            raise UsageError(f"--num_train_epochs must be > 0 when --max_steps is not set, got "
+                             f"{self.num_train_epochs}: give a positive number of epochs, or --max_steps N")
+        try:  # the translation core owns the rules of the evaluation's decoding options
+            DecodingOptions(num_beams=self.num_beams, max_len_a=self.max_len_a, max_len_b=self.max_len_b,
+                            batch_size=self.per_device_eval_batch_size, max_new_tokens=self.eval_max_new_tokens)
+        except InvalidOption as error:
+            flag = {"batch_size": "per_device_eval_batch_size", "max_new_tokens": "eval_max_new_tokens"}.get(
+                error.name, error.name)
+            raise UsageError(f"--{flag} must be {error.requirement}, got {error.value!r}") from None
+        _check_choices(self)
+        if not (self.do_train or self.do_eval or self.do_predict):  # run_translation.py needs them; here: all three
+            self.do_train = self.do_eval = self.do_predict = True
 
 
 
@@ -271,23 +296,21 @@ def best_model_metric(args: RunArguments) -> str:
 
 
 def flags_to_argv(flags: dict) -> list[str]:
-    """train.py's command line for a mapping of flag names to values: True gives a bare `--flag`, False and None
-    leave the flag out, anything else gives `--flag value`."""
+    """train.py's flags for a mapping of flag names to values, as a config file's keys become flags: `--key value`,
+    booleans as true/false; None leaves the flag out; dashes in a key are underscores (the flags' spelling)."""
     argv = []
     for key, value in flags.items():
-        if value is True:
-            argv.append(f"--{key}")
-        elif value is not False and value is not None:
-            argv += [f"--{key}", str(value)]
+        if value is not None:
+            argv += [f"--{str(key).replace('-', '_')}", str(value).lower() if isinstance(value, bool) else str(value)]
     return argv
 
 
 def parse_arguments(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, RunArguments]:
-    """Command-line flags, optionally after a .json / .yaml file holding flags: `train.py run.yaml --max_steps 5`.
+    """Command-line flags, and optionally one .json / .yaml file holding flags: `train.py run.yaml --max_steps 5`.
 
-    The file's keys become flags placed before the command line's, so flags given on the command line override the
-    file, and every value goes through the same conversion as a flag (YAML's `1e-3`, read as a string, is a float;
-    the string "no" is a false boolean; a wrong type is named).
+    The file's keys become flags placed before the command line's, wherever the file is named, so flags given on the
+    command line override the file, and every value goes through the same conversion and checks as a flag (YAML's
+    `1e-3`, read as a string, is a float; the string "no" is a false boolean; a wrong type is named).
     """
     parser = HfArgumentParser((ModelArguments, DataArguments, RunArguments))
 
@@ -296,14 +319,18 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[ModelArguments, Data
 
     parser.error = one_line_error
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0].endswith(CONFIG_SUFFIXES) and not argv[0].startswith("-"):
-        path = Path(argv[0])
+    files = [i for i, item in enumerate(argv) if item.lower().endswith(CONFIG_SUFFIXES) and not item.startswith("-")
+             and not (i and argv[i - 1].startswith("-") and "=" not in argv[i - 1])]
+    if len(files) > 1:
+        raise UsageError(f"give one config file, not {len(files)} ({', '.join(argv[i] for i in files)})")
+    if files:
+        path = Path(argv[files[0]])
         file_flags = _config_file_flags(path, {action.dest for action in parser._actions})
         try:
             parser.parse_args_into_dataclasses(args=file_flags)
         except (UsageError, ValueError) as error:
             raise UsageError(f"config file {path}: {' '.join(str(error).split())}") from error
-        argv = file_flags + argv[1:]
+        argv = file_flags + argv[: files[0]] + argv[files[0] + 1:]
     try:
         return parser.parse_args_into_dataclasses(args=argv)
     except ValueError as error:  # flags no dataclass knows
@@ -320,78 +347,52 @@ def _config_file_flags(path: Path, known: set[str]) -> list[str]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"config file {path} cannot be read as UTF-8 text ({error})") from error
+    kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
     try:
-        if path.suffix == ".json":
-            values = json.loads(text)
-        else:
-            values = yaml.safe_load(text)
-    except Exception as error:  # noqa: BLE001  (json and yaml raise their own kinds)
+        values = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+    except Exception as error:  # noqa: BLE001  (json and yaml raise their own kinds; deep nesting a RecursionError)
         reason = " ".join(str(error).split())[:300]
-        raise UsageError(f"config file {path} is not valid {path.suffix[1:].upper()}: {reason}") from error
+        raise UsageError(f"config file {path} is not valid {kind}: {reason}") from error
     if values is None:
         values = {}
     if not isinstance(values, dict):
         raise UsageError(f"config file {path} must hold a mapping of flag names to values (like "
                          f"`max_steps: 100`), not a {type(values).__name__}")
-    flags = []
     for key, value in values.items():
-        if key not in known:
+        if str(key).replace("-", "_") not in known:
             raise UsageError(f"config file {path}: unknown key {key!r} (see --help for the flag names)")
-        if value is None:
-            continue
         if isinstance(value, (dict, list)):
             raise UsageError(f"config file {path}: {key} must be a single value, not a {type(value).__name__} "
                              f"({json.dumps(value)[:80]})")
-        flags += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
-    return flags
-
+    return flags_to_argv(values)
 
 
 # ------------------------------------------------------------------------------------------------------ checks
 
-
-def check_values(model_args: ModelArguments, data_args: DataArguments, args: RunArguments) -> None:
-    """Refuse contradictory or impossible settings before any work is done (touches no file). With no --do_*
-    flag, sets all three."""
-    _check_ranges(model_args, data_args, args)
-    config = model_args.build_config(vocab_size=data_args.tokenizer_vocab_size)  # contradicting sizes fail here
-    if not (args.do_train or args.do_eval or args.do_predict):  # run_translation.py needs them; here: all three
-        args.do_train = args.do_eval = args.do_predict = True
-    _check_phases(model_args, args)
-    _check_choices(data_args, args)
-    _check_lengths(model_args, data_args, config)
-
-
-def _check_phases(model_args: ModelArguments, args: RunArguments) -> None:
-    if args.resume_from_checkpoint and not args.do_train:
-        raise UsageError("--resume_from_checkpoint continues training: add --do_train (or no --do_* flag)")
-    if not args.do_train and not model_args.model_name_or_path:
-        raise UsageError("--do_eval/--do_predict without --do_train evaluate an existing model: give it with "
-                         "--model_name_or_path DIR")
+# RunArguments' numeric flags: (flag, lowest, highest[, {"low_ok": ..., "high_ok": ...}]); see errors.check_range.
+RUN_RANGES = [
+    ("learning_rate", 0, math.inf, {"low_ok": False}), ("warmup_steps", 0, math.inf),
+    ("adam_beta1", 0, 1, {"high_ok": False}), ("adam_beta2", 0, 1, {"high_ok": False}),
+    ("adam_epsilon", 0, math.inf, {"low_ok": False}), ("weight_decay", 0, math.inf),
+    ("label_smoothing_factor", 0, 1, {"high_ok": False}), ("bpe_dropout", 0, 1, {"high_ok": False}),
+    ("max_grad_norm", 0, math.inf), ("eval_steps", 0, math.inf), ("early_stopping_patience", 0, math.inf),
+    ("max_train_minutes", 0, math.inf), ("save_steps", 0, math.inf), ("save_total_limit", 1, math.inf),
+    ("cpu_threads", 0, math.inf), ("ddp_timeout", 1, math.inf), ("dataloader_num_workers", 0, math.inf),
+    ("gradient_accumulation_steps", 1, math.inf), ("per_device_train_batch_size", 1, math.inf),
+    ("logging_steps", 1, math.inf), ("average_checkpoints", 1, math.inf), ("seed", 0, 2**32 - 1),
+]
+HUB_STRATEGIES = ("end", "every_save", "checkpoint")
 
 
-def _check_choices(data_args: DataArguments, args: RunArguments) -> None:
-    if args.max_len_a < 0 or args.max_len_b < 0:
-        raise UsageError(f"--max_len_a and --max_len_b must be >= 0, got {args.max_len_a} and {args.max_len_b}")
-    if data_args.source_lang == data_args.target_lang:
-        raise UsageError(f"--source_lang and --target_lang are both {data_args.source_lang!r}: give two languages")
-    if args.hub_strategy not in ("end", "every_save", "checkpoint"):
-        raise UsageError(f"--hub_strategy must be end, every_save or checkpoint, not {args.hub_strategy!r}")
+def _check_choices(args: RunArguments) -> None:
+    """RunArguments' flags that name a choice, and the flags that only make sense together."""
+    if args.hub_strategy not in HUB_STRATEGIES:
+        raise UsageError(f"--hub_strategy must be one of {', '.join(HUB_STRATEGIES)}, not {args.hub_strategy!r}")
     if args.bf16 and args.fp16:
         raise UsageError("--bf16 and --fp16 are exclusive: pick one")
     if args.lr_scheduler_type not in LR_SCHEDULERS:
         raise UsageError(f"--lr_scheduler_type must be one of {', '.join(LR_SCHEDULERS)}, not {args.lr_scheduler_type!r}")
-    for name in ("gradient_accumulation_steps", "per_device_train_batch_size", "per_device_eval_batch_size",
-                 "num_beams", "logging_steps", "average_checkpoints"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if data_args.streaming and args.max_steps <= 0 and args.num_train_epochs is not None:
-        raise UsageError("--streaming reads a corpus of unknown length, so epochs cannot be counted: give --max_steps N "
-                         "instead of --num_train_epochs")
-    _check_stopping(args)
-
-
-def _check_stopping(args: RunArguments) -> None:
+    _check_trackers(args.report_to)
     if best_model_metric(args) not in BEST_MODEL_METRICS:
         raise UsageError(f"--metric_for_best_model must be one of {', '.join(BEST_MODEL_METRICS)}, not "
                          f"{args.metric_for_best_model!r}")
@@ -401,21 +402,41 @@ def _check_stopping(args: RunArguments) -> None:
         raise UsageError("--load_best_model_at_end and --average_checkpoints both choose the final weights: pick one")
 
 
-def _check_lengths(model_args: ModelArguments, data_args: DataArguments, config: ScratchTransformerConfig) -> None:
+def _check_trackers(report_to: str) -> None:
+    """--report_to names Accelerate trackers whose package is installed (or none)."""
+    import accelerate.utils
+
+    known = sorted(tracker.value for tracker in accelerate.utils.LoggerType)
+    for name in (part.strip() for part in report_to.split(",")):
+        if name in ("", "none"):
+            continue
+        if name not in known:
+            raise UsageError(f"--report_to {name!r} is not an Accelerate tracker: use none or one of {', '.join(known)}")
+        available = getattr(accelerate.utils, f"is_{name}_available", lambda: True)
+        if name != "all" and not available():
+            raise UsageError(f"--report_to {name}: the {name} package is not installed: pip install {name}, or "
+                             f"--report_to none")
+
+
+def check_values(model_args: ModelArguments, data_args: DataArguments, args: RunArguments) -> None:
+    """What no single dataclass can check: the model sizes together (the config validates them), the phases and the
+    model to evaluate, streaming with epochs, and lengths against the model's positions. Touches no file."""
+    config = model_args.build_config(vocab_size=data_args.tokenizer_vocab_size)  # contradicting sizes fail here
+    if args.resume_from_checkpoint and not args.do_train:
+        raise UsageError("--resume_from_checkpoint continues training: add --do_train (or no --do_* flag)")
+    if not args.do_train and not model_args.model_name_or_path:
+        raise UsageError("--do_eval/--do_predict without --do_train evaluate an existing model: give it with "
+                         "--model_name_or_path DIR")
+    if data_args.streaming and args.max_steps <= 0 and args.num_train_epochs is not None:
+        raise UsageError("--streaming reads a corpus of unknown length, so epochs cannot be counted: give --max_steps N "
+                         "instead of --num_train_epochs")
     longest = max(data_args.max_source_length, data_args.max_target_length)
-    if data_args.max_tokens and data_args.max_tokens < longest:
-        raise UsageError(
-            f"--max_tokens {data_args.max_tokens} is smaller than the longest allowed sentence ({longest} tokens): "
-            f"raise --max_tokens or lower --max_source_length/--max_target_length"
-        )
     # A --model_name_or_path model's own limit is checked when it is loaded (check_model_flags).
     limit = model_args.max_position_embeddings or (None if model_args.model_name_or_path
                                                    else config.max_position_embeddings)
     if limit is not None and longest + 1 > limit:
-        raise UsageError(
-            f"--max_source_length/--max_target_length ({longest}) must be below --max_position_embeddings "
-            f"({limit})"
-        )
+        raise UsageError(f"--max_source_length/--max_target_length ({longest}) must be below "
+                         f"--max_position_embeddings ({limit})")
 
 
 def check_model_flags(model_args: ModelArguments, data_args: DataArguments, config, name: str) -> None:
@@ -429,59 +450,3 @@ def check_model_flags(model_args: ModelArguments, data_args: DataArguments, conf
     if longest + 1 > config.max_position_embeddings:
         raise UsageError(f"--max_source_length/--max_target_length ({longest}) must be below the model's "
                          f"max_position_embeddings ({config.max_position_embeddings})")
-
-
-# (flag, value, lowest, highest, lowest allowed?, highest allowed?): each value must be a finite number in range.
-def _numeric_rules(model_args: ModelArguments, data_args: DataArguments, args: RunArguments) -> list:
-    inf = math.inf
-    rules = [
-        ("learning_rate", args.learning_rate, 0, inf, False, True),
-        ("warmup_steps", args.warmup_steps, 0, inf, True, True),
-        ("adam_beta1", args.adam_beta1, 0, 1, True, False),
-        ("adam_beta2", args.adam_beta2, 0, 1, True, False),
-        ("adam_epsilon", args.adam_epsilon, 0, inf, False, True),
-        ("weight_decay", args.weight_decay, 0, inf, True, True),
-        ("label_smoothing_factor", args.label_smoothing_factor, 0, 1, True, False),
-        ("bpe_dropout", args.bpe_dropout, 0, 1, True, False),
-        ("max_grad_norm", args.max_grad_norm, 0, inf, True, True),
-        ("eval_steps", args.eval_steps, 0, inf, True, True),
-        ("early_stopping_patience", args.early_stopping_patience, 0, inf, True, True),
-        ("max_train_minutes", args.max_train_minutes, 0, inf, True, True),
-        ("save_steps", args.save_steps, 0, inf, True, True),
-        ("save_total_limit", args.save_total_limit, 1, inf, True, True),
-        ("cpu_threads", args.cpu_threads, 0, inf, True, True),
-        ("ddp_timeout", args.ddp_timeout, 1, inf, True, True),
-        ("dataloader_num_workers", args.dataloader_num_workers, 0, inf, True, True),
-        ("eval_max_new_tokens", args.eval_max_new_tokens, 1, inf, True, True),
-        ("dropout", model_args.dropout, 0, 1, True, False),
-        ("attention_dropout", model_args.attention_dropout, 0, 1, True, False),
-        ("activation_dropout", model_args.activation_dropout, 0, 1, True, False),
-        ("max_position_embeddings", model_args.max_position_embeddings, 2, inf, True, True),
-        ("max_source_length", data_args.max_source_length, 2, inf, True, True),
-        ("max_target_length", data_args.max_target_length, 2, inf, True, True),
-        ("validation_split_percentage", data_args.validation_split_percentage, 0, 100, False, False),
-        ("max_length_ratio", data_args.max_length_ratio, 1, inf, True, True),
-        ("tokenizer_vocab_size", data_args.tokenizer_vocab_size, 260, inf, True, True),
-    ]
-    optional = [("max_train_samples", data_args.max_train_samples, 1), ("max_eval_samples", data_args.max_eval_samples, 1),
-                ("max_predict_samples", data_args.max_predict_samples, 1),
-                ("preprocessing_num_workers", data_args.preprocessing_num_workers, 1),
-                ("tokenizer_max_sentences", data_args.tokenizer_max_sentences, 1),
-                ("max_tokens", data_args.max_tokens, 0)]
-    rules += [(name, value, low, inf, True, True) for name, value, low in optional if value is not None]
-    if args.max_steps <= 0 and args.num_train_epochs is not None:  # the epochs decide the length of the run
-        rules.append(("num_train_epochs", args.num_train_epochs, 0, inf, False, True))
-    return rules
-
-
-def _check_ranges(model_args: ModelArguments, data_args: DataArguments, args: RunArguments) -> None:
-    for name, value, low, high, low_ok, high_ok in _numeric_rules(model_args, data_args, args):
-        if value is None:  # not given: the preset's (or the --model_name_or_path model's) value, checked by its config
-            continue
-        if isinstance(value, float) and not math.isfinite(value):
-            raise UsageError(f"--{name} must be a finite number, got {value}")
-        if value < low or (value == low and not low_ok) or value > high or (value == high and not high_ok):
-            upper = "∞)" if high == math.inf else f"{high}{']' if high_ok else ')'}"
-            interval = f"{'[' if low_ok else '('}{low}, {upper}"
-            hint = " (or give --max_steps N)" if name == "num_train_epochs" else ""
-            raise UsageError(f"--{name} must be in {interval}, got {value}: give a value in that range{hint}")

@@ -45,7 +45,7 @@ from .corpus_files import (  # noqa: F401  (the error classes are part of this m
     CorpusKeyError,
     resolve_corpus_files,
 )
-from .errors import TrainingFault
+from .errors import TrainingFault, UsageError, check_range
 from .tokenization import tokenizer_can_train_on
 
 
@@ -108,6 +108,25 @@ class DataArguments:
             "--per_device_train_batch_size."
         },
     )
+
+    def __post_init__(self):
+        """Every value checked before any work; local paths with `~` expanded (a YAML config's too)."""
+        for name in ("train_file", "validation_file", "test_file"):
+            if getattr(self, name):
+                setattr(self, name, os.path.expanduser(getattr(self, name)))
+        for name, low in (("max_source_length", 2), ("max_target_length", 2), ("max_length_ratio", 1),
+                          ("tokenizer_vocab_size", 260), ("max_train_samples", 1), ("max_eval_samples", 1),
+                          ("max_predict_samples", 1), ("preprocessing_num_workers", 1),
+                          ("tokenizer_max_sentences", 1), ("max_tokens", 0)):
+            check_range(name, getattr(self, name), low)
+        check_range("validation_split_percentage", self.validation_split_percentage, 0, 100, low_ok=False,
+                    high_ok=False)
+        if self.source_lang == self.target_lang:
+            raise UsageError(f"--source_lang and --target_lang are both {self.source_lang!r}: give two languages")
+        longest = max(self.max_source_length, self.max_target_length)
+        if self.max_tokens and self.max_tokens < longest:
+            raise UsageError(f"--max_tokens {self.max_tokens} is smaller than the longest allowed sentence ({longest} "
+                             f"tokens): raise --max_tokens or lower --max_source_length/--max_target_length")
 
 
 class DatasetsCacheError(TrainingFault):

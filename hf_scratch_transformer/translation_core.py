@@ -308,6 +308,14 @@ class SourceLengthBound(StoppingCriteria):
         return bounds <= input_ids.shape[1] - 1
 
 
+def greedy_resets(generation_config, num_beams: int) -> dict:
+    """For a greedy call on a model saved for beam search: beam-only options back to their defaults, which
+    transformers would otherwise report as invalid flags (`early_stopping=True` is what train.py saves)."""
+    if num_beams > 1 or getattr(generation_config, "early_stopping", False) is False:
+        return {}
+    return {"early_stopping": False}
+
+
 class TorchBackend:
     """`generate()` of a transformers encoder-decoder model with its generation_config, on the device of its
     weights; `generate_kwargs` are passed to every generate() call (e.g. length_penalty=1.2)."""
@@ -335,6 +343,7 @@ class TorchBackend:
         output = self.model.generate(
             input_ids=input_ids, attention_mask=attention_mask,
             stopping_criteria=StoppingCriteriaList([SourceLengthBound(bounds)]),
+            **greedy_resets(config, num_beams),
             **{**self.generate_kwargs, "num_beams": num_beams, "num_return_sequences": num_return_sequences,
                "max_new_tokens": max(bounds), "max_length": None,  # the saved max_length would compete (and warn)
                "return_dict_in_generate": True, "output_scores": with_scores},

@@ -258,6 +258,16 @@ FLAG_CASES = [
     flag_case("not_a_number", {"max_steps": "many"}, "--max_steps", "many"),
     flag_case("streaming_with_epochs", {"streaming": True, "max_steps": -1, "num_train_epochs": 2}, "--streaming",
               "--max_steps", "--num_train_epochs"),
+    flag_case("negative_seed", {"seed": -1}, "--seed", "-1"),
+    flag_case("seed_past_32_bits", {"seed": 2**32}, "--seed", "4294967296"),
+    flag_case("unknown_tracker", {"report_to": "bogus"}, "--report_to", "bogus"),
+    flag_case("nan_max_len_a", {"max_len_a": "nan"}, "--max_len_a", "nan"),
+    flag_case("inf_max_len_b", {"max_len_b": "inf"}, "--max_len_b", "inf"),
+    flag_case("zero_beams", {"num_beams": 0}, "--num_beams", "0"),
+    flag_case("unknown_scheduler", {"lr_scheduler_type": "foo"}, "--lr_scheduler_type", "foo"),
+    flag_case("unknown_hub_strategy", {"hub_strategy": "sometimes"}, "--hub_strategy", "sometimes"),
+    flag_case("patience_without_validation", {"early_stopping_patience": 2, "eval_steps": 0},
+              "--early_stopping_patience", "--eval_steps"),
 ]
 
 
@@ -274,15 +284,16 @@ def config_case(name, filename, content, *parts, extra_flags=(), names_file=True
     return Case(name, "config", check)
 
 
-def config_value_case(name, content, expected: dict, extra_flags=()) -> Case:
-    """A config file that must be read as meant."""
+def config_value_case(name, content, expected: dict, extra_flags=(), filename="run.yaml", flags_first=False) -> Case:
+    """A config file that must be read as meant (named first, or after `extra_flags` with `flags_first`)."""
     def check(ws: Workspace) -> str:
         from hf_scratch_transformer.arguments import parse_arguments
 
-        path = ws.fresh("config") / "run.yaml"
+        path = ws.fresh("config") / filename
         path.write_text(content)
+        argv = [*extra_flags, str(path)] if flags_first else [str(path), *extra_flags]
         parsed = {}
-        for group in parse_arguments([str(path), *extra_flags]):
+        for group in parse_arguments(argv):
             parsed.update(vars(group))
         wrong = {key: parsed[key] for key, value in expected.items()
                  if parsed[key] != value or type(parsed[key]) is not type(value)}
@@ -307,6 +318,13 @@ CONFIG_CASES = [
                       {"normalize_before": False, "streaming": False}),
     config_value_case("config_plus_flags", "preset: tiny\nmax_steps: 100\nlearning_rate: 0.002\n",
                       {"preset": "tiny", "max_steps": 7, "learning_rate": 0.002}, extra_flags=("--max_steps", "7")),
+    config_case("yaml_nan_max_len_a", "run.yaml", "max_len_a: .nan\n", "--max_len_a", "nan", names_file=False),
+    config_value_case("dashed_keys", "preset: tiny\nmax-steps: 9\nlearning-rate: 0.003\n",
+                      {"max_steps": 9, "learning_rate": 0.003}),
+    config_value_case("config_after_flags", "preset: tiny\nmax_steps: 100\n", {"preset": "tiny", "max_steps": 7},
+                      extra_flags=("--max_steps", "7"), flags_first=True),
+    config_value_case("upper_case_suffix", "preset: tiny\nmax_steps: 11\n", {"max_steps": 11}, filename="RUN.YAML"),
+    config_value_case("home_in_output_dir", "output_dir: ~/runs/x\n", {"output_dir": str(Path.home() / "runs/x")}),
 ]
 CONFIG_CASES.append(Case("missing_config_file", "config", lambda ws: one_line(
     *run_train([str(ws.root / "nope.yaml")]), 2, str(ws.root / "nope.yaml"), "does not exist")))

@@ -81,15 +81,44 @@ def test_compiled_static_decoding_gives_the_tokens_of_the_dynamic_cache(trained,
     assert torch.equal(compiled_output, dynamic)
 
 
-def test_generate_with_the_saved_generation_config_does_not_warn(saved_dir, tiny_tokenizer, pairs, recwarn, caplog):
+@pytest.fixture
+def transformers_warnings(caplog):
+    """transformers' warnings as caplog records: its loggers do not propagate by default, and `warning_once`
+    remembers messages already given in this process (which would hide them from this test)."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.warning_once.cache_clear()
+    transformers_logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING):
+            yield caplog
+    finally:
+        transformers_logging.disable_propagation()
+
+
+def test_generate_with_the_saved_generation_config_does_not_warn(saved_dir, tiny_tokenizer, pairs, recwarn,
+                                                                  transformers_warnings):
+    """The saved beam-search config (num_beams 4, early_stopping) decodes without warnings through generate()
+    and through every greedy path of the package (translation core, pipeline)."""
+    from hf_scratch_transformer.translation_core import DecodingOptions, TorchBackend, translate_batches
+
     loaded = AutoModelForSeq2SeqLM.from_pretrained(saved_dir).eval()
     batch = encode(tiny_tokenizer, [pairs[1][0]])
-    with caplog.at_level(logging.WARNING):
-        loaded.generate(**batch, max_new_tokens=5)
-        loaded.generate(**batch, max_new_tokens=5, num_beams=1)
-        loaded.generate(**batch, generation_config=GenerationConfig(num_beams=1, max_new_tokens=5))
+    loaded.generate(**batch, max_new_tokens=5)
+    loaded.generate(**batch, max_new_tokens=5, num_beams=1)
+    translate_batches(TorchBackend(loaded), tiny_tokenizer, [pairs[1][0]], DecodingOptions(num_beams=1))
+    translation_pipeline(saved_dir)(pairs[1][0], num_beams=1)
     assert not [str(w.message) for w in recwarn.list], [str(w.message) for w in recwarn.list]
-    assert not caplog.records, [record.getMessage() for record in caplog.records]
+    assert not transformers_warnings.records, [record.getMessage() for record in transformers_warnings.records]
+
+
+def test_the_warning_check_sees_transformers_warnings(saved_dir, tiny_tokenizer, pairs, transformers_warnings):
+    """The check above can fail: a new GenerationConfig(num_beams=1) is merged with the saved one, whose
+    early_stopping=True transformers then reports as invalid for greedy search (docs/translating.md)."""
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(saved_dir).eval()
+    loaded.generate(**encode(tiny_tokenizer, [pairs[1][0]]), generation_config=GenerationConfig(num_beams=1,
+                                                                                                max_new_tokens=5))
+    assert any("early_stopping" in record.getMessage() for record in transformers_warnings.records)
 
 
 def test_cached_step_logits_equal_full_forward(trained):
