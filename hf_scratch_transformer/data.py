@@ -53,6 +53,7 @@ logger = logging.getLogger("hf_scratch_transformer")
 CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
 SPLITS = ("train", "validation", "test")
 SHIPPED_CORPUS_FILES = {split: CORPUS_DIR / f"bible_en_es.{split}.jsonl.gz" for split in SPLITS}
+SHIPPED_DATASET_ID = "bible-en-es-web-rv1909"  # the shipped corpus's name in model cards (`datasets:`)
 KEY_SAMPLE = 1000  # records looked at for the language keys when the schema does not list them
 SPLIT_ALIASES = {"valid": "validation", "dev": "validation", "eval": "validation"}
 SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes (DatasetDict, Dataset)
