@@ -34,7 +34,7 @@ def start_hog(core: int) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code])
 
 
-def train_tokens_per_second(threads: int | None, steps: int, model_dir: Path, work: Path) -> float:
+def train_tokens_per_second(threads: int | None, steps: int, model_dir: Path, work: Path, env: dict) -> float:
     output_dir = Path(tempfile.mkdtemp(dir=work))
     flags = ["--model_name_or_path", str(model_dir), "--do_train", "--max_steps", str(steps), "--eval_steps", "0",
              "--save_steps", "0", "--report_to", "none", "--max_train_samples", "8000", "--output_dir",
@@ -42,31 +42,35 @@ def train_tokens_per_second(threads: int | None, steps: int, model_dir: Path, wo
     if threads is not None:
         flags += ["--cpu_threads", str(threads)]
     subprocess.run([sys.executable, str(REPO / "train.py"), *flags], check=True, cwd=REPO,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TQDM_DISABLE": "1"})
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TQDM_DISABLE": "1", **env})
     return json.loads((output_dir / "train_results.json").read_text())["train_tokens_per_second"]
 
 
-def translate_sentences_per_second(threads: int | None, model_dir: Path, sources: Path, work: Path) -> float:
+def translate_sentences_per_second(threads: int | None, model_dir: Path, sources: Path, work: Path,
+                                   env: dict) -> float:
     command = [sys.executable, "-m", "hf_scratch_transformer.cli", "--model", str(model_dir), "--input_file",
                str(sources), "--output_file", str(work / "out.txt"), "--num_beams", "1", "--no_progress"]
     if threads is not None:
         command += ["--cpu_threads", str(threads)]
     started = time.perf_counter()
-    subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   env={**os.environ, **env})
     return len(sources.read_text().splitlines()) / (time.perf_counter() - started)
 
 
 def measure(args, model_dir: Path, sources: Path, work: Path) -> list[dict]:
     cores = len(os.sched_getaffinity(0))
-    settings = {"default (adaptive)": None, "--cpu_threads 1": 1, f"--cpu_threads {cores}": cores}
+    # label: (--cpu_threads, extra environment); OpenMP's passive wait policy is the environment setting tried
+    settings = {"default (adaptive)": (None, {}), "--cpu_threads 1": (1, {}), f"--cpu_threads {cores}": (cores, {}),
+                f"--cpu_threads {cores}, OMP_WAIT_POLICY=PASSIVE": (cores, {"OMP_WAIT_POLICY": "PASSIVE"})}
     rows = []
     for load in ("quiet", "busy"):
         for round_ in range(args.rounds):
-            for label, threads in settings.items():
+            for label, (threads, env) in settings.items():
                 hog = start_hog(cores - 1) if load == "busy" else None
                 try:
-                    tokens = train_tokens_per_second(threads, args.steps, model_dir, work)
-                    sentences = translate_sentences_per_second(threads, model_dir, sources, work)
+                    tokens = train_tokens_per_second(threads, args.steps, model_dir, work, env)
+                    sentences = translate_sentences_per_second(threads, model_dir, sources, work, env)
                 finally:
                     if hog is not None:
                         hog.kill()

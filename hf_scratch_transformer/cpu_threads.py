@@ -65,12 +65,14 @@ class ThreadTuner:
             interval doubles (up to the maximum) each time a check keeps the current count.
         drop_ratio: a window slower than this fraction of the usual throughput triggers a check at once.
         margin: another thread count must be this much faster to be chosen.
+        warmup_windows: windows measured and ignored at the start (first steps allocate memory and warm caches:
+            counting them would make the starting count look slow).
         set_threads: applies a thread count (torch.set_num_threads; tests pass their own).
     """
 
     def __init__(self, max_threads: int, name: str, fixed: int | None = None, *, window_seconds: float = 2.0,
                  min_window_steps: int = 3, recheck_seconds: float = 30.0, max_recheck_seconds: float = 240.0,
-                 drop_ratio: float = 0.6, margin: float = 1.05,
+                 drop_ratio: float = 0.6, margin: float = 1.05, warmup_windows: int = 1,
                  set_threads: Callable[[int], None] = torch.set_num_threads):
         if max_threads < 1:
             raise ValueError(f"max_threads must be at least 1, got {max_threads}")
@@ -78,6 +80,7 @@ class ThreadTuner:
         self.window_seconds, self.min_window_steps = window_seconds, min_window_steps
         self.recheck_seconds, self.max_recheck_seconds = recheck_seconds, max_recheck_seconds
         self.drop_ratio, self.margin, self.set_threads = drop_ratio, margin, set_threads
+        self._warmup_windows = warmup_windows
         self.current = fixed if fixed else max_threads
         self.applied: int | None = None  # the count in use now (another one while it is being measured)
         self.changes: list[dict] = []  # every change: {"from", "to", "throughputs", "reason"}
@@ -126,8 +129,15 @@ class ThreadTuner:
     def _end_window(self) -> None:
         throughput, seconds = self._window.throughput(), self._window.seconds
         self._window = _Window()
+        if self._warmup_windows > 0:
+            self._warmup_windows -= 1
+            return
         if self._probe:
-            self._measured[self._probe.pop(0)] = throughput
+            count = self._probe.pop(0)
+            # the current count is measured before and after the others (ABA): a trend in the work (batches
+            # sorted by length, a load that comes and goes) then favours no count
+            self._measured[count] = (throughput if count not in self._measured
+                                     else (self._measured[count] + throughput) / 2)
             if self._probe:
                 self._apply(self._probe[0])
             else:
@@ -147,7 +157,7 @@ class ThreadTuner:
 
     def _start_check(self, current_throughput: float, reason: str) -> None:
         self._measured = {self.current: current_throughput}
-        self._probe, self._reason = self._candidates(), reason
+        self._probe, self._reason = [*self._candidates(), self.current], reason
         self._apply(self._probe[0])
 
     def _decide(self) -> None:

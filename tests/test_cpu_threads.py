@@ -66,6 +66,25 @@ def test_when_a_core_gets_busy_it_drops_to_one_thread_within_seconds_and_comes_b
     assert [(change["from"], change["to"]) for change in machine.tuner.changes] == [(2, 1), (1, 2)]
 
 
+def test_slow_first_steps_do_not_make_the_starting_count_look_slow():
+    """The first steps allocate and warm caches (here 5 times slower for 3 seconds): they are not counted."""
+    machine = SimulatedMachine()
+    machine.run(3, {1: IDLE[1], 2: IDLE[2] / 5})
+    machine.run(120, IDLE)
+    assert machine.tuner.current == 2 and not machine.tuner.changes
+    assert machine.efficiency(0, 123, IDLE) >= 0.9
+
+
+def test_work_that_speeds_up_over_time_favours_no_count():
+    """Batches sorted by length get faster per token as they go: the current count is measured before and after
+    the other (ABA), so the later, faster windows of the other count do not win on their own."""
+    close = {1: 1000.0, 2: 1050.0}  # 2 threads slightly faster at every moment
+    machine = SimulatedMachine(warmup_windows=0)
+    for second in range(60):
+        machine.run(1, {threads: speed * (1 + second / 10) for threads, speed in close.items()})
+    assert machine.tuner.current == 2 and not machine.tuner.changes
+
+
 def test_more_cores_move_to_the_neighbouring_counts():
     speeds = {threads: 1000.0 * threads for threads in range(1, 9)}
     speeds[8] = 300.0  # one of 8 cores busy: 7 threads is best
@@ -133,8 +152,8 @@ def test_translation_adapts_its_threads_in_the_cli_and_in_validation(tmp_path, t
 
     with caplog.at_level(logging.INFO, logger="hf_scratch_transformer"):
         code = cli.main(["--model", str(trained_model_dir), "--batch_size", "1", "Jesus wept.", "God is love.",
-                         "The Lord is my shepherd."])
-    assert code == 0 and len(capsys.readouterr().out.splitlines()) == 3
+                         "The Lord is my shepherd.", "Jesus wept.", "God is love.", "The Lord is my shepherd."])
+    assert code == 0 and len(capsys.readouterr().out.splitlines()) == 6
     assert any("CPU threads for translation: 2 -> 1" in record.getMessage() for record in caplog.records)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="hf_scratch_transformer"):
