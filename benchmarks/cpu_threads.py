@@ -63,8 +63,12 @@ def measure(args, model_dir: Path, sources: Path, work: Path) -> list[dict]:
     # label: (--cpu_threads, extra environment); OpenMP's passive wait policy is the environment setting tried
     settings = {"default (adaptive)": (None, {}), "--cpu_threads 1": (1, {}), f"--cpu_threads {cores}": (cores, {}),
                 f"--cpu_threads {cores}, OMP_WAIT_POLICY=PASSIVE": (cores, {"OMP_WAIT_POLICY": "PASSIVE"})}
+    if args.settings:  # "default", "1", "2", "passive"
+        short = {"default": "default (adaptive)", "passive": f"--cpu_threads {cores}, OMP_WAIT_POLICY=PASSIVE"}
+        settings = {label: settings[label] for label in (short.get(name, f"--cpu_threads {name}")
+                                                          for name in args.settings)}
     rows = []
-    for load in ("quiet", "busy"):
+    for load in args.loads:
         for round_ in range(args.rounds):
             for label, (threads, env) in settings.items():
                 hog = start_hog(cores - 1) if load == "busy" else None
@@ -87,6 +91,8 @@ def table(rows: list[dict]) -> str:
              "vs best fixed |", "|---|---|---:|---:|---:|---:|"]
     for load in ("quiet", "busy"):
         mine = [row for row in rows if row["load"] == load]
+        if not mine:
+            continue
         settings = list(dict.fromkeys(row["setting"] for row in mine))
         medians = {key: {s: statistics.median(r[key] for r in mine if r["setting"] == s) for s in settings}
                    for key in ("train_tokens_per_second", "translate_sentences_per_second")}
@@ -107,6 +113,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=300, help="training steps per measurement")
     parser.add_argument("--sentences", type=int, default=300, help="test sentences translated per measurement")
+    parser.add_argument("--loads", nargs="+", choices=["quiet", "busy"], default=["quiet", "busy"])
+    parser.add_argument("--settings", nargs="+", help="only these settings (default: all), e.g. default 2")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where to write (JSON; the .md beside it)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cpu-threads-") as tmp:
         work = Path(tmp)
@@ -120,10 +129,9 @@ def main() -> None:
     machine = machine_info(threads=0)  # the thread count is what is measured
     result = {"machine": machine, "steps": args.steps, "sentences": args.sentences, "rounds": args.rounds,
               "rows": rows, "table": table(rows)}
-    write_results(result, RESULTS, (
+    write_results(result, args.results, (
         f"# CPU threads: the adaptive default against fixed counts\n\n{machine_line(machine)} AMX: "
-        f"{'yes' if machine['amx'] else 'no'}. `python benchmarks/cpu_threads.py --rounds {args.rounds} --steps "
-        f"{args.steps} --sentences {args.sentences}`. Busy: one core spun by another process. Training: the `small` "
+        f"{'yes' if machine['amx'] else 'no'}. `python benchmarks/cpu_threads.py {' '.join(sys.argv[1:])}`. Busy: one core spun by another process. Training: the `small` "
         f"preset, 1,024-token batches, tokens/s from train_results.json; translation: greedy, the whole command "
         f"(model loading included).\n\n{result['table']}\n"))
     print(result["table"])

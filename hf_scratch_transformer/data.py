@@ -38,13 +38,8 @@ from datasets.fingerprint import Hasher
 from torch.utils.data import Sampler
 from transformers import DataCollatorForSeq2Seq
 
-from .corpus_files import (  # noqa: F401  (the error classes are part of this module's interface)
-    CorpusError,
-    CorpusFileNotFoundError,
-    CorpusFiles,
-    CorpusKeyError,
-    resolve_corpus_files,
-)
+from .corpus_files import CorpusError, CorpusFiles, resolve_corpus_files
+from .corpus_files import CorpusFileNotFoundError, CorpusKeyError  # noqa: F401  (part of this module's interface)
 from .errors import TrainingFault, UsageError, check_range
 from .tokenization import tokenizer_can_train_on
 
@@ -612,7 +607,8 @@ class ShardedBatchSampler(Sampler[list[int]]):
     """Batches of one epoch (``all_batches``, seeded by ``seed + epoch``), of which each process keeps its share
     (:func:`shard_batches`). Subclasses decide how the batches are formed."""
 
-    def __init__(self, shuffle: bool, seed: int, num_replicas: int, rank: int, drop_last: bool):
+    def __init__(self, shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0,
+                 drop_last: bool = False):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is outside [0, {num_replicas}).")
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
@@ -718,17 +714,9 @@ class SentenceBatchSampler(ShardedBatchSampler):
     """Fixed-size batches of ``batch_size`` pairs in a seeded random order (reshuffled by :meth:`set_epoch`),
     sharded across processes like :class:`TokenBucketBatchSampler`."""
 
-    def __init__(
-        self,
-        num_examples: int,
-        batch_size: int,
-        shuffle: bool = True,
-        seed: int = 0,
-        num_replicas: int = 1,
-        rank: int = 0,
-        drop_last: bool = False,
-    ):
-        super().__init__(shuffle, seed, num_replicas, rank, drop_last)
+    def __init__(self, num_examples: int, batch_size: int, **sharding):
+        """sharding: shuffle, seed, num_replicas, rank, drop_last, as for TokenBucketBatchSampler."""
+        super().__init__(**sharding)
         self.num_examples, self.batch_size = num_examples, batch_size
 
     def all_batches(self) -> list[list[int]]:

@@ -85,6 +85,42 @@ def test_work_that_speeds_up_over_time_favours_no_count():
     assert machine.tuner.current == 2 and not machine.tuner.changes
 
 
+def sleeping_work(machine, milliseconds: dict):
+    """Stand-in work that takes `milliseconds[threads]` at the thread count last applied."""
+    import time
+
+    return lambda: time.sleep(milliseconds[machine.applied[-1]] / 1000)
+
+
+def test_start_up_calibration_on_a_busy_machine_starts_with_one_thread():
+    machine = SimulatedMachine()
+    machine.tuner.calibrate(sleeping_work(machine, {1: 2, 2: 10}))
+    assert machine.tuner.current == 1 and machine.applied[-1] == 1
+    assert [(c["from"], c["to"], c["reason"]) for c in machine.tuner.changes] == [(2, 1, "start-up calibration")]
+    machine.run(25, BUSY)
+    assert machine.efficiency(0, 25, BUSY) >= 0.97  # no window at 2 threads before the first periodic check
+
+
+def test_start_up_calibration_on_a_quiet_machine_defers_the_first_check():
+    """Two threads clearly faster in the calibration: no window at one thread until the first periodic check."""
+    machine = SimulatedMachine()
+    machine.tuner.calibrate(sleeping_work(machine, {1: 8, 2: 4}))
+    assert machine.tuner.current == 2 and not machine.tuner.changes
+    applied_before = len(machine.applied)
+    machine.run(25, IDLE)
+    assert 1 not in machine.applied[applied_before:]
+    machine.run(60, IDLE)
+    assert 1 in machine.applied[applied_before:]  # the periodic check still measures the alternative
+
+
+def test_an_undecided_calibration_leaves_the_check_to_the_real_work():
+    machine = SimulatedMachine()
+    machine.tuner.calibrate(sleeping_work(machine, {1: 5, 2: 5}))
+    applied_before = len(machine.applied)
+    machine.run(10, IDLE)
+    assert 1 in machine.applied[applied_before:]
+
+
 def test_more_cores_move_to_the_neighbouring_counts():
     speeds = {threads: 1000.0 * threads for threads in range(1, 9)}
     speeds[8] = 300.0  # one of 8 cores busy: 7 threads is best
@@ -119,7 +155,7 @@ def two_threads_look_busy(monkeypatch):
     real_init, real_record = ThreadTuner.__init__, ThreadTuner.record
 
     def init(self, *args, **kwargs):
-        real_init(self, *args, **{**kwargs, "window_seconds": 0.0, "min_window_steps": 1})
+        real_init(self, *args, **{**kwargs, "window_seconds": 0.0, "min_window_steps": 1, "recheck_seconds": 0.0})
 
     def record(self, work, seconds):
         real_record(self, work, seconds * (5 if self.applied == 2 else 1))
