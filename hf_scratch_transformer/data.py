@@ -742,7 +742,8 @@ def make_batch_sampler(
         return TokenBucketBatchSampler(
             src_lengths, tgt_lengths, args.max_tokens, shuffle, seed, num_replicas, rank, drop_last
         )
-    return SentenceBatchSampler(len(dataset), batch_size, shuffle, seed, num_replicas, rank, drop_last)
+    return SentenceBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, num_replicas=num_replicas,
+                                rank=rank, drop_last=drop_last)
 
 
 def padding_fraction(batches: Sequence[Sequence[int]], src_lengths: Sequence[int], tgt_lengths: Sequence[int]) -> float:
