@@ -38,6 +38,7 @@ def run(name: str, output_root: Path, note: str, extra: list[str]) -> dict:
     command = [sys.executable, str(REPO / "train.py"), "--output_dir", str(output_dir), "--overwrite_output_dir",
                *RUNS[name], *extra]
     load_before, started = loadavg(), time.perf_counter()
+    output_root.mkdir(parents=True, exist_ok=True)
     log = output_root / f"corpus-run-{name}.log"
     with open(log, "w") as stream:
         subprocess.run(command, check=True, cwd=REPO, stdout=stream, stderr=subprocess.STDOUT,
