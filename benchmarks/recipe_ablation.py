@@ -47,10 +47,12 @@ RUNS: dict[str, dict] = {
     "ls0.2": {"label_smoothing_factor": 0.2, **AVERAGE_LAST_5},
     "dropout0.2": {"dropout": 0.2, **AVERAGE_LAST_5},
 }
-# stage 3: the rest of the levers, each against the defaults of 8debcae (BPE 4,000, batches of 1,024 tokens,
-# 4.5 epochs) at the full default budget, validated only at the end. Levers that change the time per step run
-# for the same time instead of the same steps: their epochs are scaled by the step-time ratio measured on
-# 1,024-token batches, 1 thread (enc5-dec2 0.99x, wide384 2+2 1.26x the small preset's step time).
+# stage 3: the rest of the levers, each against `python train.py` with no flags (the defaults of b4be7ba: BPE 4,000,
+# batches of 1,024 tokens, the run-length rule's 5,000 steps, validation every 2,000 steps), changing the named flags
+# only, so a stage-3 run with no flags is the default run (`corpus_runs.py en-es`). The validation cadence stays the
+# default's too: each validation draws from the random stream training uses, so it is part of the recipe. Levers that change the time per step run for the same
+# time instead of the same steps: their steps are scaled by the step-time ratio measured on 1,024-token batches,
+# 1 thread (enc5-dec2 0.99x, wide384 2+2 1.26x the small preset's step time).
 RUNS.update({
     "s3-baseline": {},
     "s3-lr2e-3": {"learning_rate": 2e-3},
@@ -63,15 +65,17 @@ RUNS.update({
     "s3-bpe-dropout0.1": {"bpe_dropout": 0.1},
     "s3-bpe-dropout0.05": {"bpe_dropout": 0.05},
     "s3-wide384-2+2": {"d_model": 384, "encoder_layers": 2, "decoder_layers": 2, "attention_heads": 6,
-                       "ffn_dim": 1536, "num_train_epochs": 3.57},
+                       "ffn_dim": 1536, "max_steps": 3968},
 })
 
 BASE_FLAGS = {"do_train": True, "do_eval": True, "eval_steps": 0, "report_to": "none", "overwrite_output_dir": True,
-              "seed": 42, "save_total_limit": 1, "save_steps": 0, "num_train_epochs": 4.5}
+              "seed": 42, "save_total_limit": 1, "save_steps": 0, "num_train_epochs": 4.5}  # stages 1 and 2
+STAGE3_BASE_FLAGS = {"report_to": "none", "overwrite_output_dir": True}  # the rest is train.py's defaults
 
 
 def command_line(name: str, flags: dict, threads: int) -> list[str]:
-    merged = {**BASE_FLAGS, "output_dir": str(OUTPUTS / name), "cpu_threads": threads, **flags}
+    base = STAGE3_BASE_FLAGS if name.startswith("s3-") else BASE_FLAGS
+    merged = {**base, "output_dir": str(OUTPUTS / name), "cpu_threads": threads, **flags}
     return [sys.executable, str(REPO / "train.py"), *flags_to_argv(merged)]
 
 
@@ -101,28 +105,29 @@ def score_on_validation(model_dir: Path, num_beams: int, threads: int, length_pe
     return scores
 
 
-def run_one(name: str, flags: dict, threads: int, jobs: int, beam: bool, last: bool) -> dict:
+def run_one(name: str, flags: dict, threads: int, jobs: int, beam: bool, last: bool, note: str = "") -> dict:
     started = time.time()
     log = OUTPUTS / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as handle:
         code = subprocess.call(command_line(name, flags, threads), stdout=handle, stderr=subprocess.STDOUT,
                                cwd=REPO, env={**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(REPO)})
-    return record_run(name, flags, threads, jobs, beam, last, code, round(time.time() - started, 1))
+    return record_run(name, flags, threads, jobs, beam, last, note, code, round(time.time() - started, 1))
 
 
-def record_run(name: str, flags: dict, threads: int, jobs: int, beam: bool, last: bool, code: int = 0,
-               wall_seconds: float | None = None) -> dict:
+def record_run(name: str, flags: dict, threads: int, jobs: int, beam: bool, last: bool, note: str = "",
+               code: int = 0, wall_seconds: float | None = None) -> dict:
     """Score a finished run's output directory and append its record to the results."""
     record = {"name": name, "flags": flags, "exit_code": code, "wall_seconds": wall_seconds,
-              "threads": threads, "jobs": jobs, "commit": _commit(), "machine": _machine(),
+              "threads": threads, "jobs": jobs, "note": note, "commit": _commit(), "machine": _machine(),
               "date": time.strftime("%Y-%m-%d %H:%M")}
     results_file = OUTPUTS / name / "all_results.json"
     if code == 0 and results_file.exists():
         results = json.loads(results_file.read_text())
         record.update({key: results.get(key) for key in (
             "eval_bleu", "eval_chrf", "eval_loss", "eval_gen_len", "train_steps", "epoch", "train_runtime",
-            "train_tokens_per_second", "train_loss", "divergence_warning")})
+            "train_tokens_per_second", "train_loss", "divergence_warning", "best_step", "stop_reason",
+            "predict_bleu_greedy", "predict_bleu")})  # predict_*: the test split, which stage 3 runs score too
         if beam:
             record["eval_bleu_beam4"] = score_on_validation(OUTPUTS / name, 4, threads)["bleu"]
         record["eval_bleu_shifted"] = score_on_validation(OUTPUTS / name, 1, threads, shifted=True)["bleu"]
@@ -183,27 +188,55 @@ def _decoding_table(rows: list[dict]) -> str:
 def write_table() -> None:
     every = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
     rows = [row for row in every if row.get("kind") not in ("decoding", "robustness")]
-    lines = ["| run | flags (changed from the defaults of e00bf89) | val BLEU greedy | val BLEU beam 4 | last ckpt, greedy | "
-             "val loss | steps | epochs | train min | tok/s | threads × jobs | commit |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    lines = ["| run | flags (changed from the stage's defaults) | val BLEU greedy | val BLEU beam 4 | last ckpt, greedy | "
+             "val BLEU style-shifted | val loss | steps | epochs | train min | tok/s | threads × jobs | machine | "
+             "commit |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for row in rows:
         flags = ", ".join(f"{key}={value}" for key, value in row["flags"].items()) or "(defaults)"
         cell = lambda key, fmt="{}": "" if row.get(key) is None else fmt.format(row[key])  # noqa: E731
         status = "" if row["exit_code"] == 0 else f" (exit {row['exit_code']})"
         lines.append(
             f"| {row['name']}{status} | {flags} | {cell('eval_bleu')} | {cell('eval_bleu_beam4')} | "
-            f"{cell('eval_bleu_last_checkpoint')} | {cell('eval_loss')} | {cell('train_steps')} | {cell('epoch')} | "
+            f"{cell('eval_bleu_last_checkpoint')} | {cell('eval_bleu_shifted')} | {cell('eval_loss')} | "
+            f"{cell('train_steps')} | {cell('epoch')} | "
             f"{'' if row.get('train_runtime') is None else round(row['train_runtime'] / 60, 1)} | "
-            f"{cell('train_tokens_per_second', '{:,.0f}')} | {row['threads']} × {row['jobs']} | {row['commit']} |")
+            f"{cell('train_tokens_per_second', '{:,.0f}')} | {row['threads']} × {row['jobs']} | "
+            f"{_short_machine(row.get('machine', ''))} | {row['commit']} |")
+    notes = [f"- {row['name']}: {row['note']}" for row in rows if row.get("note")]
     TABLE.write_text("# Recipe ablation: validation split of the shipped corpus\n\nGenerated by "
                      "`python benchmarks/recipe_ablation.py --table` from `recipe_ablation.jsonl` (every run, in "
-                     "the order run). Machine: " + (rows[0]["machine"] if rows else "") + ". Validation split, 788 "
-                     "pairs, seed 42; `val BLEU greedy` is the final model (the average of the last checkpoints "
-                     "when averaging), `last ckpt` the last checkpoint alone. `threads × jobs`: torch threads of the "
-                     "training run × runs side by side; other jobs shared the machine too, so `train min` and "
-                     "`tok/s` compare nothing — use steps and epochs.\n\n"
-                     + "\n".join(lines) + "\n" + _decoding_table([r for r in every if r.get("kind") == "decoding"]))
+                     "the order run). Validation split, 788 pairs, seed 42; `val BLEU greedy` is the final model "
+                     "(the average of the last checkpoints when averaging; stage 3: the best validated step), "
+                     "`last ckpt` the last checkpoint alone, `style-shifted` the same validation verses with their "
+                     "English source rewritten by `benchmarks/style_shift.py`. Stages 1-2 changed flags from the "
+                     "defaults of e00bf89 (3 epochs, validated at the end); stage 3 (`s3-*`) from `python train.py` "
+                     "with no flags. `threads × jobs`: torch threads of the training run × runs side by side; other "
+                     "jobs may have shared the machine too, so `train min` and `tok/s` compare nothing — use steps "
+                     "and epochs. Machines: Xeon = Intel Xeon Processor, EPYC = AMD EPYC (AVX-512, no AMX), "
+                     "2 logical cores each.\n\n"
+                     + "\n".join(lines) + "\n" + ("\n" + "\n".join(notes) + "\n" if notes else "")
+                     + _robustness_table([r for r in every if r.get("kind") == "robustness"])
+                     + _decoding_table([r for r in every if r.get("kind") == "decoding"]))
     print(TABLE.read_text())
+
+
+def _robustness_table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    lines = ["", "## Robustness: plain and style-shifted English source (`--robustness`)", "",
+             "| model | split | BLEU greedy | shifted | loss | BLEU beam 4 | shifted | loss | machine | commit |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    for r in rows:
+        drop = lambda key: "" if r.get(key) is None else f"{r[f'{key}_shifted'] - r[key]:+.2f}"  # noqa: E731
+        lines.append(f"| {r['name']} | {r['split']} | {r['greedy']} | {r['greedy_shifted']} | {drop('greedy')} | "
+                     f"{r.get('beam4', '')} | {r.get('beam4_shifted', '')} | {drop('beam4')} | "
+                     f"{_short_machine(r.get('machine', ''))} | {r['commit']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _short_machine(machine: str) -> str:
+    return "EPYC" if "EPYC" in machine else "Xeon" if "Xeon" in machine else machine
 
 
 def _commit() -> str:
@@ -223,6 +256,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="NAME:JSON",
                         help='an extra run: name, then its flags as JSON, e.g. \'v4k-avg:{"tokenizer_vocab_size": 4000}\'')
     parser.add_argument("--jobs", type=int, default=1, help="runs side by side")
+    parser.add_argument("--note", default="", help="what else ran on the machine (recorded with each run)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
     parser.add_argument("--beam", action="store_true", help="also score the final model with beam 4")
     parser.add_argument("--last", action="store_true", help="also score the last checkpoint when averaging")
@@ -255,7 +289,7 @@ def main() -> None:
         runs[name] = json.loads(flags)
     work = record_run if args.record else run_one
     with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(lambda item: work(*item, args.threads, args.jobs, args.beam, args.last), runs.items()))
+        list(pool.map(lambda item: work(*item, args.threads, args.jobs, args.beam, args.last, args.note), runs.items()))
     write_table()
 
 
