@@ -194,7 +194,9 @@ def write_table() -> None:
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for row in rows:
         flags = ", ".join(f"{key}={value}" for key, value in row["flags"].items()) or "(defaults)"
-        cell = lambda key, fmt="{}": "" if row.get(key) is None else fmt.format(row[key])  # noqa: E731
+        def cell(key: str, fmt: str = "{}", row=row) -> str:
+            return "" if row.get(key) is None else fmt.format(row[key])
+
         status = "" if row["exit_code"] == 0 else f" (exit {row['exit_code']})"
         lines.append(
             f"| {row['name']}{status} | {flags} | {cell('eval_bleu')} | {cell('eval_bleu_beam4')} | "
@@ -228,7 +230,9 @@ def _robustness_table(rows: list[dict]) -> str:
              "| model | split | BLEU greedy | shifted | loss | BLEU beam 4 | shifted | loss | machine | commit |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
-        drop = lambda key: "" if r.get(key) is None else f"{r[f'{key}_shifted'] - r[key]:+.2f}"  # noqa: E731
+        def drop(key: str, r=r) -> str:
+            return "" if r.get(key) is None else f"{r[f'{key}_shifted'] - r[key]:+.2f}"
+
         lines.append(f"| {r['name']} | {r['split']} | {r['greedy']} | {r['greedy_shifted']} | {drop('greedy')} | "
                      f"{r.get('beam4', '')} | {r.get('beam4_shifted', '')} | {drop('beam4')} | "
                      f"{_short_machine(r.get('machine', ''))} | {r['commit']} |")
