@@ -64,6 +64,7 @@ RUNS.update({
     "s3-dropout0.3": {"dropout": 0.3},
     "s3-bpe-dropout0.1": {"bpe_dropout": 0.1},
     "s3-bpe-dropout0.05": {"bpe_dropout": 0.05},
+    "s3-bf16": {"bf16": True},  # autocast; pays on CPUs with bf16 matrix instructions (benchmarks/cpu_precision.py)
     "s3-wide384-2+2": {"d_model": 384, "encoder_layers": 2, "decoder_layers": 2, "attention_heads": 6,
                        "ffn_dim": 1536, "max_steps": 3968},
 })
