@@ -228,7 +228,7 @@ def _robustness_table(rows: list[dict]) -> str:
     if not rows:
         return ""
     lines = ["", "## Robustness: plain and style-shifted English source (`--robustness`)", "",
-             "| model | split | BLEU greedy | shifted | loss | BLEU beam 4 | shifted | loss | machine | commit |",
+             "| model | split | BLEU greedy | shifted | change | BLEU beam 4 | shifted | change | machine | commit |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         def drop(key: str, r=r) -> str:
