@@ -493,8 +493,7 @@ def render_markdown(results) -> str:
     lines += ["", "## Targets", "", "| target | measured | met | gap |", "|---|---|:-:|---|"]
     for t in results["targets"]:
         lines.append(f"| {t['target']} | {t['value']} | {'yes' if t['met'] else '**no**'} | {t['gap'] or ''} |")
-    lines += ["", "Parts 4-5 of the issue (BLEU at equal budget, time to quality) are measured by bench_quality.py: "
-              "[quality.md](quality.md).", ""]
+    lines += [""]
     checks = []
     for preset, figures in results["presets"].items():
         check = figures["equivalence"]

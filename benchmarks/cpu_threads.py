@@ -34,7 +34,7 @@ def start_hog(core: int) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code])
 
 
-def train_tokens_per_second(threads: int | None, steps: int, model_dir: Path, work: Path) -> float:
+def train_tokens_per_second(threads: int | None, steps: int, model_dir: Path, work: Path, env: dict) -> float:
     output_dir = Path(tempfile.mkdtemp(dir=work))
     flags = ["--model_name_or_path", str(model_dir), "--do_train", "--max_steps", str(steps), "--eval_steps", "0",
              "--save_steps", "0", "--report_to", "none", "--max_train_samples", "8000", "--output_dir",
@@ -42,31 +42,39 @@ def train_tokens_per_second(threads: int | None, steps: int, model_dir: Path, wo
     if threads is not None:
         flags += ["--cpu_threads", str(threads)]
     subprocess.run([sys.executable, str(REPO / "train.py"), *flags], check=True, cwd=REPO,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TQDM_DISABLE": "1"})
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TQDM_DISABLE": "1", **env})
     return json.loads((output_dir / "train_results.json").read_text())["train_tokens_per_second"]
 
 
-def translate_sentences_per_second(threads: int | None, model_dir: Path, sources: Path, work: Path) -> float:
+def translate_sentences_per_second(threads: int | None, model_dir: Path, sources: Path, work: Path,
+                                   env: dict) -> float:
     command = [sys.executable, "-m", "hf_scratch_transformer.cli", "--model", str(model_dir), "--input_file",
                str(sources), "--output_file", str(work / "out.txt"), "--num_beams", "1", "--no_progress"]
     if threads is not None:
         command += ["--cpu_threads", str(threads)]
     started = time.perf_counter()
-    subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   env={**os.environ, **env})
     return len(sources.read_text().splitlines()) / (time.perf_counter() - started)
 
 
 def measure(args, model_dir: Path, sources: Path, work: Path) -> list[dict]:
     cores = len(os.sched_getaffinity(0))
-    settings = {"default (adaptive)": None, "--cpu_threads 1": 1, f"--cpu_threads {cores}": cores}
+    # label: (--cpu_threads, extra environment); OpenMP's passive wait policy is the environment setting tried
+    settings = {"default (adaptive)": (None, {}), "--cpu_threads 1": (1, {}), f"--cpu_threads {cores}": (cores, {}),
+                f"--cpu_threads {cores}, OMP_WAIT_POLICY=PASSIVE": (cores, {"OMP_WAIT_POLICY": "PASSIVE"})}
+    if args.settings:  # "default", "1", "2", "passive"
+        short = {"default": "default (adaptive)", "passive": f"--cpu_threads {cores}, OMP_WAIT_POLICY=PASSIVE"}
+        settings = {label: settings[label] for label in (short.get(name, f"--cpu_threads {name}")
+                                                          for name in args.settings)}
     rows = []
-    for load in ("quiet", "busy"):
+    for load in args.loads:
         for round_ in range(args.rounds):
-            for label, threads in settings.items():
+            for label, (threads, env) in settings.items():
                 hog = start_hog(cores - 1) if load == "busy" else None
                 try:
-                    tokens = train_tokens_per_second(threads, args.steps, model_dir, work)
-                    sentences = translate_sentences_per_second(threads, model_dir, sources, work)
+                    tokens = train_tokens_per_second(threads, args.steps, model_dir, work, env)
+                    sentences = translate_sentences_per_second(threads, model_dir, sources, work, env)
                 finally:
                     if hog is not None:
                         hog.kill()
@@ -83,6 +91,8 @@ def table(rows: list[dict]) -> str:
              "vs best fixed |", "|---|---|---:|---:|---:|---:|"]
     for load in ("quiet", "busy"):
         mine = [row for row in rows if row["load"] == load]
+        if not mine:
+            continue
         settings = list(dict.fromkeys(row["setting"] for row in mine))
         medians = {key: {s: statistics.median(r[key] for r in mine if r["setting"] == s) for s in settings}
                    for key in ("train_tokens_per_second", "translate_sentences_per_second")}
@@ -103,6 +113,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=300, help="training steps per measurement")
     parser.add_argument("--sentences", type=int, default=300, help="test sentences translated per measurement")
+    parser.add_argument("--loads", nargs="+", choices=["quiet", "busy"], default=["quiet", "busy"])
+    parser.add_argument("--settings", nargs="+", help="only these settings (default: all), e.g. default 2")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where to write (JSON; the .md beside it)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cpu-threads-") as tmp:
         work = Path(tmp)
@@ -116,10 +129,9 @@ def main() -> None:
     machine = machine_info(threads=0)  # the thread count is what is measured
     result = {"machine": machine, "steps": args.steps, "sentences": args.sentences, "rounds": args.rounds,
               "rows": rows, "table": table(rows)}
-    write_results(result, RESULTS, (
+    write_results(result, args.results, (
         f"# CPU threads: the adaptive default against fixed counts\n\n{machine_line(machine)} AMX: "
-        f"{'yes' if machine['amx'] else 'no'}. `python benchmarks/cpu_threads.py --rounds {args.rounds} --steps "
-        f"{args.steps} --sentences {args.sentences}`. Busy: one core spun by another process. Training: the `small` "
+        f"{'yes' if machine['amx'] else 'no'}. `python benchmarks/cpu_threads.py {' '.join(sys.argv[1:])}`. Busy: one core spun by another process. Training: the `small` "
         f"preset, 1,024-token batches, tokens/s from train_results.json; translation: greedy, the whole command "
         f"(model loading included).\n\n{result['table']}\n"))
     print(result["table"])

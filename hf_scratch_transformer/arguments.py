@@ -4,7 +4,8 @@ Names follow transformers' `run_translation.py` and `Seq2SeqTrainingArguments` w
 are the config's own field names (`--d_model`, `--encoder_attention_heads`, `--decoder_ffn_dim`, ...), with
 `--attention_heads` and `--ffn_dim` as shortcuts that set both sides. Every size flag left out is the preset's, or
 the `--model_name_or_path` model's: the defaults live in the config (`ScratchTransformerConfig`, `PRESETS`).
-Flags can also come from a JSON / YAML file given first: `train.py run.yaml --max_steps 5`.
+Flags can also come from one JSON / YAML file anywhere among them: `train.py run.yaml --max_steps 5` (flags on the
+command line win over the file's).
 """
 
 import json
@@ -30,7 +31,7 @@ DROPOUT_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
 # The run-length rule (docs/training.md), when neither --max_steps nor --num_train_epochs is given: at most
 # DEFAULT_STEP_BUDGET optimiser steps (about 23 minutes of training for the small preset on 2 CPU cores at 1,024-token
 # batches) and DEFAULT_MAX_EPOCHS epochs, with early stopping after DEFAULT_PATIENCE validations without a better
-# model; validation twice per epoch, within [MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS] steps.
+# model; validation every two epochs, within [MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS] steps.
 DEFAULT_STEP_BUDGET = 5000
 DEFAULT_MAX_EPOCHS = 100
 DEFAULT_PATIENCE = 3
@@ -160,7 +161,7 @@ class RunArguments:
     seed: int = field(default=42, metadata={"help": "Seed of initialisation, dropout and batch order."})
     logging_steps: int = field(default=50, metadata={"help": "Log loss, learning rate and tokens/s every N steps."})
     eval_steps: int | None = field(
-        default=None, metadata={"help": "Validate every N steps (0: only at the end; default: twice per epoch, "
+        default=None, metadata={"help": "Validate every N steps (0: only at the end; default: every two epochs, "
                                         f"between {MIN_AUTO_EVAL_STEPS} and {MAX_AUTO_EVAL_STEPS} steps)."})
     save_steps: int = field(default=500, metadata={"help": "Checkpoint every N steps (0: only at the end)."})
     save_total_limit: int = field(default=2, metadata={"help": "Keep only the last N checkpoints."})
@@ -216,6 +217,8 @@ class RunArguments:
     def __post_init__(self):
         """Every value checked on its own, before any work; a run with no --do_* flag does all three."""
         self.output_dir = str(Path(self.output_dir).expanduser())  # a YAML config's `~/runs/x` too
+        if self.resume_from_checkpoint and self.resume_from_checkpoint != "latest":
+            self.resume_from_checkpoint = str(Path(self.resume_from_checkpoint).expanduser())
         for rule in RUN_RANGES:
             check_range(rule[0], getattr(self, rule[0]), *rule[1:3], **rule[3] if len(rule) > 3 else {})
         if self.max_steps <= 0 and self.num_train_epochs is not None and not self.num_train_epochs > 0:

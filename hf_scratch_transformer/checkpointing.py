@@ -14,6 +14,7 @@ from pathlib import Path
 from datasets import Dataset
 from safetensors.torch import load_file
 
+from .corpus_files import CorpusError, resolve_corpus_files
 from .errors import UsageError
 from .run_directory import RUN_STATE_FILE, list_checkpoints
 
@@ -142,10 +143,8 @@ def data_fingerprint(train_split, data_args) -> dict:
     (or folder), the number of pairs and a hash of FINGERPRINT_SAMPLE pairs spread over it (the first ones when
     streamed)."""
     fingerprint = {"source": data_args.train_file or data_args.dataset_name or "the shipped corpus"}
-    if data_args.train_file and Path(data_args.train_file).exists():
-        path = Path(data_args.train_file)
-        files = [path] if path.is_file() else [file for file in path.rglob("*") if file.is_file()]
-        fingerprint["bytes"] = sum(file.stat().st_size for file in files)
+    if data_args.train_file:
+        fingerprint["bytes"] = _local_bytes(data_args)
     if isinstance(train_split, Dataset):
         count = len(train_split)
         step = max(1, count // FINGERPRINT_SAMPLE)
@@ -156,6 +155,16 @@ def data_fingerprint(train_split, data_args) -> dict:
     text = json.dumps(sample, sort_keys=True, ensure_ascii=False, default=str)
     fingerprint["sample_sha256"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
     return fingerprint
+
+
+def _local_bytes(data_args) -> int | None:
+    """The size of the training data's local file(s): one file, both files of plain-text pairs, or a folder's."""
+    try:
+        files = resolve_corpus_files(data_args.train_file, "train", (data_args.source_lang, data_args.target_lang))
+    except (CorpusError, OSError):
+        return None
+    paths = files.paths if files is not None else [p for p in Path(data_args.train_file).rglob("*") if p.is_file()]
+    return sum(Path(path).stat().st_size for path in paths if Path(path).is_file())
 
 
 def check_same_data(checkpoint: Path, fingerprint: dict, allowed: bool) -> None:

@@ -17,6 +17,8 @@ choice changes speed only.
 
 import logging
 import os
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,7 +34,21 @@ def thread_tuner(device, name: str, fixed: int = 0) -> "ThreadTuner | None":
     if getattr(device, "type", device) != "cpu":
         return None
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return ThreadTuner(max(1, available_cores() // local_processes), name, fixed=fixed or None)
+    tuner = ThreadTuner(max(1, available_cores() // local_processes), name, fixed=fixed or None)
+    tuner.calibrate()
+    return tuner
+
+
+def stand_in_work(rows: int = 512, width: int = 256, hidden: int = 1024) -> Callable[[], None]:
+    """A few milliseconds of what a Transformer step is made of (matmuls of a layer's shapes, ReLU, LayerNorm)."""
+    generator = torch.Generator().manual_seed(0)
+    inputs, weight = torch.randn(rows, width, generator=generator), torch.randn(width, hidden, generator=generator)
+
+    def work() -> None:
+        hidden_states = inputs
+        for _ in range(4):
+            hidden_states = torch.nn.functional.layer_norm((hidden_states @ weight).relu_() @ weight.T, (width,))
+    return work
 
 
 def available_cores() -> int:
@@ -65,12 +81,14 @@ class ThreadTuner:
             interval doubles (up to the maximum) each time a check keeps the current count.
         drop_ratio: a window slower than this fraction of the usual throughput triggers a check at once.
         margin: another thread count must be this much faster to be chosen.
+        warmup_windows: windows measured and ignored at the start (first steps allocate memory and warm caches:
+            counting them would make the starting count look slow).
         set_threads: applies a thread count (torch.set_num_threads; tests pass their own).
     """
 
     def __init__(self, max_threads: int, name: str, fixed: int | None = None, *, window_seconds: float = 2.0,
                  min_window_steps: int = 3, recheck_seconds: float = 30.0, max_recheck_seconds: float = 240.0,
-                 drop_ratio: float = 0.6, margin: float = 1.05,
+                 drop_ratio: float = 0.6, margin: float = 1.05, warmup_windows: int = 1,
                  set_threads: Callable[[int], None] = torch.set_num_threads):
         if max_threads < 1:
             raise ValueError(f"max_threads must be at least 1, got {max_threads}")
@@ -78,6 +96,7 @@ class ThreadTuner:
         self.window_seconds, self.min_window_steps = window_seconds, min_window_steps
         self.recheck_seconds, self.max_recheck_seconds = recheck_seconds, max_recheck_seconds
         self.drop_ratio, self.margin, self.set_threads = drop_ratio, margin, set_threads
+        self._warmup_windows = warmup_windows
         self.current = fixed if fixed else max_threads
         self.applied: int | None = None  # the count in use now (another one while it is being measured)
         self.changes: list[dict] = []  # every change: {"from", "to", "throughputs", "reason"}
@@ -88,6 +107,36 @@ class ThreadTuner:
         self._probe: list[int] = []  # thread counts still to measure in the check under way
         self._measured: dict[int, float] = {}  # throughput per thread count in the check under way
         self._reason = ""
+
+    def calibrate(self, work: Callable[[], None] | None = None, rounds: int = 4, decisive: float = 1.25) -> None:
+        """Before the real work (about half a second): time `work` (default: `stand_in_work`) at the current count
+        and its neighbours, alternating (ABAB), and start with the fastest. A count faster than every other by
+        `decisive` is trusted until the first periodic check; otherwise the real work is measured at once."""
+        if not self.adaptive:
+            return
+        work = work or stand_in_work()
+        counts = [self.current, *self._candidates()]
+        times: dict[int, list[float]] = {count: [] for count in counts}
+        for _ in range(rounds):
+            for count in counts:
+                self.set_threads(count)
+                work()  # the first call at a count wakes its threads
+                started = time.perf_counter()
+                work()
+                times[count].append(time.perf_counter() - started)
+        speed = {count: 1.0 / statistics.median(values) for count, values in times.items()}
+        best = max(speed, key=speed.get)
+        others = [value for count, value in speed.items() if count != best]
+        if best != self.current and speed[best] > self.margin * speed[self.current]:
+            rates = {str(count): round(value, 1) for count, value in sorted(speed.items())}
+            self.changes.append({"from": self.current, "to": best, "reason": "start-up calibration",
+                                 "throughputs": rates})
+            logger.info(f"CPU threads for {self.name}: {self.current} -> {best} (start-up calibration: "
+                        + ", ".join(f"{count}: {1000 / value:.1f} ms" for count, value in sorted(speed.items())) + ")")
+            self.current = best
+        if all(speed[self.current] >= decisive * value for value in others):
+            self._interval = self.recheck_seconds
+        self._apply(self.current)
 
     @property
     def adaptive(self) -> bool:
@@ -126,8 +175,15 @@ class ThreadTuner:
     def _end_window(self) -> None:
         throughput, seconds = self._window.throughput(), self._window.seconds
         self._window = _Window()
+        if self._warmup_windows > 0:
+            self._warmup_windows -= 1
+            return
         if self._probe:
-            self._measured[self._probe.pop(0)] = throughput
+            count = self._probe.pop(0)
+            # the current count is measured before and after the others (ABA): a trend in the work (batches
+            # sorted by length, a load that comes and goes) then favours no count
+            self._measured[count] = (throughput if count not in self._measured
+                                     else (self._measured[count] + throughput) / 2)
             if self._probe:
                 self._apply(self._probe[0])
             else:
@@ -147,7 +203,7 @@ class ThreadTuner:
 
     def _start_check(self, current_throughput: float, reason: str) -> None:
         self._measured = {self.current: current_throughput}
-        self._probe, self._reason = self._candidates(), reason
+        self._probe, self._reason = [*self._candidates(), self.current], reason
         self._apply(self._probe[0])
 
     def _decide(self) -> None:

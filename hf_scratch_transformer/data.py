@@ -38,13 +38,8 @@ from datasets.fingerprint import Hasher
 from torch.utils.data import Sampler
 from transformers import DataCollatorForSeq2Seq
 
-from .corpus_files import (  # noqa: F401  (the error classes are part of this module's interface)
-    CorpusError,
-    CorpusFileNotFoundError,
-    CorpusFiles,
-    CorpusKeyError,
-    resolve_corpus_files,
-)
+from .corpus_files import CorpusError, CorpusFiles, resolve_corpus_files
+from .corpus_files import CorpusFileNotFoundError, CorpusKeyError  # noqa: F401  (part of this module's interface)
 from .errors import TrainingFault, UsageError, check_range
 from .tokenization import tokenizer_can_train_on
 
@@ -53,6 +48,7 @@ logger = logging.getLogger("hf_scratch_transformer")
 CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
 SPLITS = ("train", "validation", "test")
 SHIPPED_CORPUS_FILES = {split: CORPUS_DIR / f"bible_en_es.{split}.jsonl.gz" for split in SPLITS}
+SHIPPED_DATASET_ID = "bible-en-es-web-rv1909"  # the shipped corpus's name in model cards (`datasets:`)
 KEY_SAMPLE = 1000  # records looked at for the language keys when the schema does not list them
 SPLIT_ALIASES = {"valid": "validation", "dev": "validation", "eval": "validation"}
 SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes (DatasetDict, Dataset)
@@ -611,7 +607,8 @@ class ShardedBatchSampler(Sampler[list[int]]):
     """Batches of one epoch (``all_batches``, seeded by ``seed + epoch``), of which each process keeps its share
     (:func:`shard_batches`). Subclasses decide how the batches are formed."""
 
-    def __init__(self, shuffle: bool, seed: int, num_replicas: int, rank: int, drop_last: bool):
+    def __init__(self, shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0,
+                 drop_last: bool = False):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is outside [0, {num_replicas}).")
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
@@ -717,17 +714,9 @@ class SentenceBatchSampler(ShardedBatchSampler):
     """Fixed-size batches of ``batch_size`` pairs in a seeded random order (reshuffled by :meth:`set_epoch`),
     sharded across processes like :class:`TokenBucketBatchSampler`."""
 
-    def __init__(
-        self,
-        num_examples: int,
-        batch_size: int,
-        shuffle: bool = True,
-        seed: int = 0,
-        num_replicas: int = 1,
-        rank: int = 0,
-        drop_last: bool = False,
-    ):
-        super().__init__(shuffle, seed, num_replicas, rank, drop_last)
+    def __init__(self, num_examples: int, batch_size: int, **sharding):
+        """sharding: shuffle, seed, num_replicas, rank, drop_last, as for TokenBucketBatchSampler."""
+        super().__init__(**sharding)
         self.num_examples, self.batch_size = num_examples, batch_size
 
     def all_batches(self) -> list[list[int]]:
@@ -753,7 +742,8 @@ def make_batch_sampler(
         return TokenBucketBatchSampler(
             src_lengths, tgt_lengths, args.max_tokens, shuffle, seed, num_replicas, rank, drop_last
         )
-    return SentenceBatchSampler(len(dataset), batch_size, shuffle, seed, num_replicas, rank, drop_last)
+    return SentenceBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, num_replicas=num_replicas,
+                                rank=rank, drop_last=drop_last)
 
 
 def padding_fraction(batches: Sequence[Sequence[int]], src_lengths: Sequence[int], tgt_lengths: Sequence[int]) -> float:

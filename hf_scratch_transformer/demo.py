@@ -32,14 +32,14 @@ import numpy as np
 import torch
 
 from .errors import UsageError
+from .run_directory import TEST_SOURCES_FILE
+from .tokenization import language_pair
 from .translate import ModelLoadError, load_model_and_tokenizer, pick_device
 from .translation_core import DecodingOptions, Hypothesis, TorchBackend, translate_batches
 
 PROGRAM = "hf-scratch-demo"
 DEFAULT_HOST = "127.0.0.1"
 MODEL_ENV_VAR = "HF_SCRATCH_DEMO_MODEL"  # the model a Space's app.py loads (a hub id or a local directory)
-EXAMPLE_SOURCES_FILE = "test_sources.txt"  # test sources a run may save beside generated_predictions.txt
-SHIPPED_DATASET_ID = "bible-en-es-web-rv1909"  # the model card's dataset id of the shipped corpus (export.py)
 MAX_EXAMPLES = 6
 MAX_BEAMS = 8
 INSTALL_HINT = "pip install 'hf-scratch-transformer[demo]' (in a clone: pip install -e '.[demo]')"
@@ -194,16 +194,16 @@ def pick_examples(lines: list[str]) -> list[str]:
 
 
 def example_sentences(name: str, source_lang: str | None, datasets: list[str]) -> tuple[list[str], str]:
-    """(example sentences, where they come from): the test sources the run saved (EXAMPLE_SOURCES_FILE), else the
+    """(example sentences, where they come from): the test sources the run saved (TEST_SOURCES_FILE), else the
     test split of the shipped corpus when the model was trained on it, else a built-in list in the source language."""
-    saved = Path(name).expanduser() / EXAMPLE_SOURCES_FILE
+    from .data import SHIPPED_CORPUS_FILES, SHIPPED_DATASET_ID
+
+    saved = Path(name).expanduser() / TEST_SOURCES_FILE
     if saved.is_file():
         examples = pick_examples(saved.read_text(encoding="utf-8", errors="replace").splitlines())
         if examples:
-            return examples, f"the run's test split ({EXAMPLE_SOURCES_FILE})"
+            return examples, f"the run's test split ({TEST_SOURCES_FILE})"
     if SHIPPED_DATASET_ID in datasets and source_lang in ("en", "es"):
-        from .data import SHIPPED_CORPUS_FILES
-
         if SHIPPED_CORPUS_FILES["test"].is_file():
             with gzip.open(SHIPPED_CORPUS_FILES["test"], "rt", encoding="utf-8") as lines:
                 sources = [json.loads(line)["translation"][source_lang] for _, line in zip(range(200), lines)]
@@ -217,7 +217,9 @@ def load_demo_model(name: str, device: torch.device | str | None = None) -> Demo
     """The model and tokenizer (`ModelLoadError` with the CLI's one-line messages), its languages and examples."""
     model, tokenizer = load_model_and_tokenizer(name, device)
     languages, datasets = model_card_facts(name)
-    source_lang, target_lang = (languages + [None, None])[:2]
+    # the pair saved with the tokenizer (train.py writes it), else the model card's first two languages
+    saved_pair = language_pair(tokenizer)
+    source_lang, target_lang = saved_pair if all(saved_pair) else (languages + [None, None])[:2]
     examples, origin = example_sentences(name, source_lang, datasets)
     return DemoModel(model, tokenizer, name, source_lang, target_lang, examples, origin)
 

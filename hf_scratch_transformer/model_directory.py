@@ -15,6 +15,7 @@ import torch
 import transformers
 from huggingface_hub import HfApi
 
+from .data import SHIPPED_DATASET_ID
 from .errors import TrainingFault
 from .model_card import render_model_card
 from .plotting import plot_training_curves
@@ -145,7 +146,7 @@ def _decoding(args) -> str:
 def _dataset_facts(data_args) -> tuple[str, str, bool]:
     """(dataset name, description, whether it is the shipped corpus)."""
     shipped = data_args.dataset_name is None and data_args.train_file is None
-    dataset_name = data_args.dataset_name or ("bible-en-es-web-rv1909" if shipped else "local files")
+    dataset_name = data_args.dataset_name or (SHIPPED_DATASET_ID if shipped else "local files")
     description = ("the verse-aligned English–Spanish Bible shipped with hf-scratch-transformer (World English "
                    "Bible ↔ Reina-Valera 1909, public domain)" if shipped else f"`{dataset_name}`")
     return dataset_name, description, shipped

@@ -351,17 +351,29 @@ class ScratchTransformerPreTrainedModel(PreTrainedModel):
 
 class TransformerStack(ScratchTransformerPreTrainedModel):
     """What encoder and decoder share: token embeddings × √D plus positions, dropout (§3.4, §3.5), N layers, and a
-    final LayerNorm in pre-norm."""
+    final LayerNorm in pre-norm. A subclass names its `layer_class` and the config field counting its layers."""
 
-    def __init__(self, config: ScratchTransformerConfig, layer_class: type[nn.Module], num_layers: int):
+    layer_class: type[nn.Module]
+    num_layers_field: str  # "encoder_layers" or "decoder_layers"
+
+    def __init__(self, config: ScratchTransformerConfig):
         super().__init__(config)
+        num_layers = getattr(config, self.num_layers_field)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
         self.embed_positions = SinusoidalPositionalEncoding(config.max_position_embeddings, config.d_model)
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.dropout = config.dropout
-        self.layers = nn.ModuleList(layer_class(config, i) for i in range(num_layers))
+        self.layers = nn.ModuleList(self.layer_class(config, i) for i in range(num_layers))
         self.layer_norm = (ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before
                            else None)  # the stack's last norm, pre-norm only (mBART's name)
+        self.post_init()
+
+    def token_embeddings(self, input_ids: torch.LongTensor | None, inputs_embeds: torch.Tensor | None,
+                         names: str) -> torch.Tensor:
+        """The embeddings (B, L, D) of input_ids, or inputs_embeds as given; exactly one of them (`names` them)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError(f"Pass exactly one of {names}.")
+        return self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
 
     def embed(self, inputs_embeds: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
         """Token embeddings (B, L, D) × √D + the encodings of positions offset .. offset + L - 1, dropout."""
@@ -380,24 +392,15 @@ class ScratchEncoder(TransformerStack):
         "attentions": OutputRecorder(MultiHeadAttention, index=1, layer_name="self_attn"),
     }
 
-    def __init__(self, config: ScratchTransformerConfig):
-        super().__init__(config, ScratchEncoderLayer, config.encoder_layers)
-        self.post_init()
+    layer_class, num_layers_field = ScratchEncoderLayer, "encoder_layers"
 
     @merge_with_config_defaults
     @capture_outputs
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> BaseModelOutput:
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, **kwargs: Unpack[TransformersKwargs]) -> BaseModelOutput:
         """input_ids (B, S) or inputs_embeds (B, S, D), attention_mask (B, S) 1/0 -> last_hidden_state (B, S, D)."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds` to the encoder.")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = self.token_embeddings(input_ids, inputs_embeds,
+                                              "`input_ids` and `inputs_embeds` to the encoder")
         hidden_states = self.embed(inputs_embeds)
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
@@ -416,31 +419,23 @@ class ScratchDecoder(TransformerStack):
         "cross_attentions": OutputRecorder(MultiHeadAttention, index=1, layer_name="cross_attn"),
     }
 
-    def __init__(self, config: ScratchTransformerConfig):
-        super().__init__(config, ScratchDecoderLayer, config.decoder_layers)
-        self.post_init()
+    layer_class, num_layers_field = ScratchDecoderLayer, "decoder_layers"
 
     @merge_with_config_defaults
     @capture_outputs
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        encoder_hidden_states: torch.Tensor | None = None,
-        encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        **kwargs: Unpack[TransformersKwargs],
+        input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None, encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None, inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None, **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         """input_ids (B, T) over the encoder output (B, S, D) -> last_hidden_state (B, T, D) and the cache.
 
         attention_mask (B, K) marks real target tokens (cached and new); the causal mask is added to it.
         """
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of `decoder_input_ids` and `decoder_inputs_embeds` to the decoder.")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = self.token_embeddings(input_ids, inputs_embeds,
+                                              "`decoder_input_ids` and `decoder_inputs_embeds` to the decoder")
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -504,16 +499,11 @@ class ScratchTransformerModel(ScratchTransformerPreTrainedModel):
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        decoder_input_ids: torch.LongTensor | None = None,
-        decoder_attention_mask: torch.Tensor | None = None,
-        encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        decoder_inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        **kwargs: Unpack[TransformersKwargs],
+        input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None, decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None, past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None, decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None, **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         """Encode the source (unless `encoder_outputs` are given) and decode the target prefix.
 
@@ -627,17 +617,9 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
             loss = F.cross_entropy(
                 logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, label_smoothing=label_smoothing
             )
-        return Seq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-        )
+        # the base model's outputs (cache, hidden states, attentions) go on, its last hidden state became the logits
+        return Seq2SeqLMOutput(loss=loss, logits=logits,
+                               **{name: value for name, value in outputs.items() if name != "last_hidden_state"})
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

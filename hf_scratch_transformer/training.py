@@ -71,6 +71,7 @@ from .model_directory import (
 )
 from .modeling_scratch_transformer import ScratchTransformerForConditionalGeneration
 from .run_directory import (
+    TEST_SOURCES_FILE,
     OutputDirLock,
     claim_output_dir,
     end_tracker_logs,
@@ -318,6 +319,8 @@ def _export(results: dict, phases: dict, model, tokenizer, evaluator: Evaluator,
         save_results(output_dir, results, phases, evaluator.test_predictions)
         return
     files = result_files(results, phases, evaluator.test_predictions)
+    if evaluator.test_predictions is not None:  # the demo's example sentences, beside their translations
+        files[TEST_SOURCES_FILE] = "".join(line + "\n" for line in evaluator.data.test_sources)
     if model_card_template is not None:
         files["README.md"] = model_card(
             model_card_template, model=model, results=results, predictions=evaluator.test_predictions,

@@ -149,3 +149,20 @@ def test_checkpoint_averaging(tmp_path):
     torch.testing.assert_close(final["model.shared.weight"], sum(p["model.shared.weight"] for p in parts) / 3)
     card = (tmp_path / "README.md").read_text()  # the model card states what the final weights are
     assert "Final weights: the average of the last 3 checkpoints (checkpoint-4, checkpoint-6, checkpoint-8)" in card
+
+
+def test_the_data_fingerprint_counts_both_files_of_plain_text_pairs(tmp_path):
+    """A prefix of plain-text pairs (train.en + train.es) is sized by both files: a change to either shows."""
+    from datasets import Dataset
+
+    from hf_scratch_transformer.checkpointing import data_fingerprint
+    from hf_scratch_transformer.data import DataArguments
+
+    (tmp_path / "train.en").write_text("Jesus wept.\nGod is love.\n", encoding="utf-8")
+    (tmp_path / "train.es").write_text("Jesús lloró.\nDios es amor.\n", encoding="utf-8")
+    data_args = DataArguments(train_file=str(tmp_path / "train"))
+    split = Dataset.from_list([{"translation": {"en": "Jesus wept.", "es": "Jesús lloró."}}])
+    before = data_fingerprint(split, data_args)
+    assert before["bytes"] == len("Jesus wept.\nGod is love.\n") + len("Jesús lloró.\nDios es amor.\n".encode())
+    (tmp_path / "train.es").write_text("Jesús lloró.\nDios es amor!!\n", encoding="utf-8")
+    assert data_fingerprint(split, data_args)["bytes"] == before["bytes"] + 1

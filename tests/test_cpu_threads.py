@@ -66,6 +66,61 @@ def test_when_a_core_gets_busy_it_drops_to_one_thread_within_seconds_and_comes_b
     assert [(change["from"], change["to"]) for change in machine.tuner.changes] == [(2, 1), (1, 2)]
 
 
+def test_slow_first_steps_do_not_make_the_starting_count_look_slow():
+    """The first steps allocate and warm caches (here 5 times slower for 3 seconds): they are not counted."""
+    machine = SimulatedMachine()
+    machine.run(3, {1: IDLE[1], 2: IDLE[2] / 5})
+    machine.run(120, IDLE)
+    assert machine.tuner.current == 2 and not machine.tuner.changes
+    assert machine.efficiency(0, 123, IDLE) >= 0.9
+
+
+def test_work_that_speeds_up_over_time_favours_no_count():
+    """Batches sorted by length get faster per token as they go: the current count is measured before and after
+    the other (ABA), so the later, faster windows of the other count do not win on their own."""
+    close = {1: 1000.0, 2: 1050.0}  # 2 threads slightly faster at every moment
+    machine = SimulatedMachine(warmup_windows=0)
+    for second in range(60):
+        machine.run(1, {threads: speed * (1 + second / 10) for threads, speed in close.items()})
+    assert machine.tuner.current == 2 and not machine.tuner.changes
+
+
+def sleeping_work(machine, milliseconds: dict):
+    """Stand-in work that takes `milliseconds[threads]` at the thread count last applied."""
+    import time
+
+    return lambda: time.sleep(milliseconds[machine.applied[-1]] / 1000)
+
+
+def test_start_up_calibration_on_a_busy_machine_starts_with_one_thread():
+    machine = SimulatedMachine()
+    machine.tuner.calibrate(sleeping_work(machine, {1: 2, 2: 10}))
+    assert machine.tuner.current == 1 and machine.applied[-1] == 1
+    assert [(c["from"], c["to"], c["reason"]) for c in machine.tuner.changes] == [(2, 1, "start-up calibration")]
+    machine.run(25, BUSY)
+    assert machine.efficiency(0, 25, BUSY) >= 0.97  # no window at 2 threads before the first periodic check
+
+
+def test_start_up_calibration_on_a_quiet_machine_defers_the_first_check():
+    """Two threads clearly faster in the calibration: no window at one thread until the first periodic check."""
+    machine = SimulatedMachine()
+    machine.tuner.calibrate(sleeping_work(machine, {1: 8, 2: 4}))
+    assert machine.tuner.current == 2 and not machine.tuner.changes
+    applied_before = len(machine.applied)
+    machine.run(25, IDLE)
+    assert 1 not in machine.applied[applied_before:]
+    machine.run(60, IDLE)
+    assert 1 in machine.applied[applied_before:]  # the periodic check still measures the alternative
+
+
+def test_an_undecided_calibration_leaves_the_check_to_the_real_work():
+    machine = SimulatedMachine()
+    machine.tuner.calibrate(sleeping_work(machine, {1: 5, 2: 5}))
+    applied_before = len(machine.applied)
+    machine.run(10, IDLE)
+    assert 1 in machine.applied[applied_before:]
+
+
 def test_more_cores_move_to_the_neighbouring_counts():
     speeds = {threads: 1000.0 * threads for threads in range(1, 9)}
     speeds[8] = 300.0  # one of 8 cores busy: 7 threads is best
@@ -100,7 +155,7 @@ def two_threads_look_busy(monkeypatch):
     real_init, real_record = ThreadTuner.__init__, ThreadTuner.record
 
     def init(self, *args, **kwargs):
-        real_init(self, *args, **{**kwargs, "window_seconds": 0.0, "min_window_steps": 1})
+        real_init(self, *args, **{**kwargs, "window_seconds": 0.0, "min_window_steps": 1, "recheck_seconds": 0.0})
 
     def record(self, work, seconds):
         real_record(self, work, seconds * (5 if self.applied == 2 else 1))
@@ -133,8 +188,8 @@ def test_translation_adapts_its_threads_in_the_cli_and_in_validation(tmp_path, t
 
     with caplog.at_level(logging.INFO, logger="hf_scratch_transformer"):
         code = cli.main(["--model", str(trained_model_dir), "--batch_size", "1", "Jesus wept.", "God is love.",
-                         "The Lord is my shepherd."])
-    assert code == 0 and len(capsys.readouterr().out.splitlines()) == 3
+                         "The Lord is my shepherd.", "Jesus wept.", "God is love.", "The Lord is my shepherd."])
+    assert code == 0 and len(capsys.readouterr().out.splitlines()) == 6
     assert any("CPU threads for translation: 2 -> 1" in record.getMessage() for record in caplog.records)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="hf_scratch_transformer"):

@@ -17,8 +17,9 @@ import pytest
 from huggingface_hub import ModelCard, SpaceCard
 
 from hf_scratch_transformer import demo
-from hf_scratch_transformer.data import SHIPPED_CORPUS_FILES
+from hf_scratch_transformer.data import SHIPPED_CORPUS_FILES, SHIPPED_DATASET_ID
 from hf_scratch_transformer.errors import UsageError
+from hf_scratch_transformer.run_directory import TEST_SOURCES_FILE
 from hf_scratch_transformer.translate import translate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -134,16 +135,16 @@ def _card(directory: Path, languages, datasets) -> None:
 
 
 def test_examples_come_from_saved_test_sources_then_the_shipped_test_split_then_a_built_in_list(tmp_path):
-    _card(tmp_path, ["en", "es"], [demo.SHIPPED_DATASET_ID])
-    assert demo.model_card_facts(str(tmp_path)) == (["en", "es"], [demo.SHIPPED_DATASET_ID])
-    examples, origin = demo.example_sentences(str(tmp_path), "en", [demo.SHIPPED_DATASET_ID])
+    _card(tmp_path, ["en", "es"], [SHIPPED_DATASET_ID])
+    assert demo.model_card_facts(str(tmp_path)) == (["en", "es"], [SHIPPED_DATASET_ID])
+    examples, origin = demo.example_sentences(str(tmp_path), "en", [SHIPPED_DATASET_ID])
     assert "shipped corpus" in origin and examples[0] == "In the beginning, God created the heavens and the earth."
     assert SHIPPED_CORPUS_FILES["test"].is_file() and len(examples) == demo.MAX_EXAMPLES
-    spanish, _ = demo.example_sentences(str(tmp_path), "es", [demo.SHIPPED_DATASET_ID])
+    spanish, _ = demo.example_sentences(str(tmp_path), "es", [SHIPPED_DATASET_ID])
     assert spanish[0] == "EN el principio crió Dios los cielos y la tierra."
-    (tmp_path / demo.EXAMPLE_SOURCES_FILE).write_text("Too short.\nA saved test sentence of the run.\n\n"
+    (tmp_path / TEST_SOURCES_FILE).write_text("Too short.\nA saved test sentence of the run.\n\n"
                                                       "A saved test sentence of the run.\nAnd another one here.\n")
-    assert demo.example_sentences(str(tmp_path), "en", [demo.SHIPPED_DATASET_ID]) == (
+    assert demo.example_sentences(str(tmp_path), "en", [SHIPPED_DATASET_ID]) == (
         ["A saved test sentence of the run.", "And another one here."], "the run's test split (test_sources.txt)")
     other = tmp_path / "other"
     other.mkdir()

@@ -80,7 +80,6 @@ def test_decoder_input_is_labels_shifted_right(tiny_config):
     model = make_model(tiny_config)
     with_labels = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS).logits
     explicit = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, decoder_input_ids=shifted).logits
-    scored = LABELS != -100
     torch.testing.assert_close(with_labels, explicit, atol=1e-5, rtol=1e-5)
 
 

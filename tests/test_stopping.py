@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on share
 
 @pytest.mark.parametrize("steps_per_epoch, total, eval_steps", [
     (1108, 5000, 2000),  # the shipped corpus: the step budget binds (4.5 epochs)
-    (110, 5000, 220),  # 3,000 pairs: 45 epochs at most, validation twice per epoch, early stopping does the rest
+    (110, 5000, 220),  # 3,000 pairs: 45 epochs at most, validation every two epochs, early stopping does the rest
     (20, 2000, 200),  # a tiny corpus: 100 epochs, validation at least 200 steps apart
     (None, 5000, 2000),  # streamed: the epoch's length is unknown
 ])

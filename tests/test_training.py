@@ -30,6 +30,18 @@ def test_the_output_directory_is_in_hub_format(long_run):
     assert results["train_steps"] == 40 and results["train_tokens"] > 0
 
 
+def test_the_test_sources_are_saved_beside_their_translations(long_run):
+    """test_sources.txt (the demo's examples): line N is the source of generated_predictions.txt's line N."""
+    output_dir, _ = long_run
+    sources = (output_dir / "test_sources.txt").read_text(encoding="utf-8").splitlines()
+    predictions = (output_dir / "generated_predictions.txt").read_text(encoding="utf-8").splitlines()
+    assert len(sources) == len(predictions) > 0
+    from hf_scratch_transformer.data import DataArguments, evaluation_pairs, load_parallel_corpus
+
+    expected, _ = evaluation_pairs(load_parallel_corpus(DataArguments())["test"], DataArguments())
+    assert sources == expected[: len(sources)]
+
+
 def test_the_model_learns(long_run):
     output_dir, _ = long_run
     history = json.loads((output_dir / "training_history.json").read_text())
