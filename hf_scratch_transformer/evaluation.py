@@ -119,6 +119,7 @@ class Evaluator:
         """Validation loss and greedy BLEU/chrF at `state.global_step`, logged into `state.history`."""
         row = {}
         if self.is_main:
+            started = time.perf_counter()
             model = self.accelerator.unwrap_model(self.model).eval()  # no dropout while validating
             loss = evaluation_loss(model, self._batches("validation"), self.accelerator.device)
             scores, _ = evaluate_translations(model, self.tokenizer, self.data.eval_sources,
@@ -127,7 +128,8 @@ class Evaluator:
                                               **self._decoding_options())
             model.train(self.args.do_train)
             row = {"step": state.global_step, "eval_loss": round(loss, 4), "eval_bleu": scores["bleu"],
-                   "eval_chrf": scores["chrf"], "eval_gen_len": scores["gen_len"]}
+                   "eval_chrf": scores["chrf"], "eval_gen_len": scores["gen_len"],
+                   "eval_runtime": round(time.perf_counter() - started, 2)}
             earlier = [r["eval_loss"] for r in state.history if "eval_loss" in r]
             log_row(self.accelerator, state, row)
             warning = divergence_warning(row, earlier, len(self.tokenizer), self.args.warmup_steps)

@@ -292,8 +292,8 @@ def _evaluate(evaluator: Evaluator, trainer: TrainingLoop | None, state: RunStat
     validation = dict(made) if made and trainer.is_main else evaluator.validate(state)
     if not validation:
         return None
-    runtime = time.time() - started
-    phase = {**{key: value for key, value in validation.items() if key != "step"},
+    runtime = validation.get("eval_runtime", time.time() - started)  # a validation made during training: its own
+    phase = {**{key: value for key, value in validation.items() if key not in ("step", "eval_runtime")},
              "eval_samples": len(data.eval_sources), "eval_runtime": round(runtime, 2),
              "eval_samples_per_second": round(len(data.eval_sources) / max(runtime, 1e-9), 3)}
     if args.do_train:

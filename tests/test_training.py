@@ -78,3 +78,13 @@ def test_debug_shows_the_traceback(tmp_path, capsys, caplog):
     with caplog.at_level(logging.ERROR, logger="hf_scratch_transformer"):
         assert main(tiny_run_flags(tmp_path / "out", preset="huge", debug=True), MODEL_CARD_TEMPLATE) == 2
     assert any(record.exc_info and "UsageError" in record.exc_info[0].__name__ for record in caplog.records)
+
+
+def test_a_validation_reused_at_the_end_keeps_its_own_runtime(long_run):
+    """The run validated at its last step (eval_steps 20, max_steps 40), so the end does not validate again:
+    eval_results.json reports that validation's time, not the zero seconds of reusing it."""
+    output_dir, results = long_run
+    evaluation = json.loads((output_dir / "eval_results.json").read_text())
+    assert evaluation["eval_runtime"] > 0
+    assert evaluation["eval_samples_per_second"] == pytest.approx(
+        evaluation["eval_samples"] / evaluation["eval_runtime"], rel=0.05)
