@@ -27,7 +27,7 @@ from .distributed import check_shared_output_dir, quiet_other_processes, start_p
 from .errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import log_row
 from .model_directory import push_during_training
-from .run_directory import list_checkpoints, save_checkpoint, staging_folder
+from .run_directory import checkpoint_name, list_checkpoints, save_checkpoint, staging_folder
 from .stopping import METRIC_NAMES, StoppingRules
 from .tokenization import BPEDropout
 
@@ -303,7 +303,7 @@ class TrainingLoop:
         validated = [row for row in state.history if "eval_loss" in row and row["step"] == state.global_step]
         if self.length.load_best and not validated:
             self._validate_and_track()
-        if self.last_checkpoint is None or self.last_checkpoint.name != f"checkpoint-{state.global_step}":
+        if self.last_checkpoint is None or self.last_checkpoint.name != checkpoint_name(state.global_step):
             self.save_checkpoint()
         logger.info(f"training ended: {self.stopping.detail()}")
         best = state.best_checkpoint
@@ -399,7 +399,7 @@ class TrainingLoop:
         row = self.validate()
         best = bool(row) and self.stopping.record_validation(row)
         if best and self.length.load_best:
-            self.state.best_checkpoint = f"checkpoint-{self.state.global_step}"  # saved next, kept by rotation
+            self.state.best_checkpoint = checkpoint_name(self.state.global_step)  # saved next, kept by rotation
         return self._agree(best)
 
     def _check_stop(self, patience: bool = False, budget: bool = False) -> None:

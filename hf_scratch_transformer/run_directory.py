@@ -62,6 +62,11 @@ HUB_IGNORE = ["checkpoint-*", "checkpoint-*/**", f"{STAGING_PREFIX}*", f"{TOKENI
               f"{TRACKER_LOGS}/**", LOCK_FILE, f"{ABANDONED_PREFIX}*/**"]  # what a run keeps that is not the model
 
 
+def checkpoint_name(step: int) -> str:
+    """The folder name of the checkpoint at optimiser step `step` (matched by CHECKPOINT_PATTERN)."""
+    return f"checkpoint-{step}"
+
+
 def results_file(phase: str) -> str:
     """run_translation.py's name of a phase's figures: train_results.json, eval_results.json, predict_results.json."""
     return f"{phase}_results.json"
@@ -421,10 +426,10 @@ def save_checkpoint(accelerator, model, tokenizer, state, scheduler, output_dir:
     one TrainingFault line on every process, with the `.tmp` folder removed and the earlier checkpoints as they
     were."""
     step = state.global_step
-    final, partial = output_dir / f"checkpoint-{step}", output_dir / f"checkpoint-{step}{PARTIAL_SUFFIX}"
+    final, partial = output_dir / checkpoint_name(step), output_dir / f"{checkpoint_name(step)}{PARTIAL_SUFFIX}"
     earlier = list_checkpoints(output_dir) if accelerator.is_main_process else []
     needed = checkpoint_bytes(earlier[-1]) if earlier else 3 * model.get_memory_footprint(return_buffers=False)
-    fault = dict(what=f"checkpoint-{step}", directory=output_dir, needed=needed)
+    fault = dict(what=checkpoint_name(step), directory=output_dir, needed=needed)
     if accelerator.is_main_process and partial.exists():
         shutil.rmtree(partial)
     accelerator.wait_for_everyone()
