@@ -16,47 +16,33 @@ changes what is learnt, not a BLEU figure). Results: `benchmarks/results/cpu_pre
 
 import argparse
 import statistics
-import time
-from contextlib import nullcontext
 
 import torch
 from datasets import disable_progress_bars
 
 from common import (RESULTS, cpu_model_and_flags, machine_info, machine_line, our_config, paired_ratios,
-                    time_alternating, train_py_batches, write_results)
-from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
+                    time_alternating, time_call, train_py_batches, write_results)
+from training_throughput import make_step
 
-LABEL_SMOOTHING = 0.1
+from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
 
 
 def training_pass(model, optimizer, batches: list[dict], bf16: bool):
-    """A function that trains `model` on every batch once, as train.py's step does."""
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+    """A function that trains `model` on every batch once, with training_throughput.py's train.py step."""
+    step = make_step("scratch", model, optimizer, torch.device("cpu"), torch.bfloat16 if bf16 else torch.float32)
 
     def run() -> None:
         for batch in batches:
-            with autocast:
-                loss = model(**batch, label_smoothing=LABEL_SMOOTHING).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            step(batch)
 
     return run
 
 
-def matmul_seconds(shape: tuple[int, int, int], dtype: torch.dtype, repeats: int = 20) -> float:
+def matmul_seconds(shape: tuple[int, int, int], dtype: torch.dtype) -> float:
     """Median seconds of an (m x k) @ (k x n) matmul in `dtype`."""
     m, k, n = shape
     a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    seconds = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        a @ b
-        seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds)
+    return time_call(lambda: a @ b, repeats=20, warmup=3)
 
 
 def measure(threads: int, batches: list[dict], held_out: dict, vocab_size: int, passes: int) -> dict:
@@ -93,7 +79,8 @@ def render(results: dict) -> str:
              f"{machine['loadavg']}. {results['note']}", "",
              f"`small` preset, BPE {results['vocab_size']:,}, {results['batches']} train.py batches of "
              f"{results['max_tokens']:,} tokens per pass, {results['passes']} passes per precision in alternation "
-             "(ABAB); speed-up = fp32 seconds / bf16 seconds of adjacent passes (median, min-max). Loss: label-smoothed "
+             "(ABAB); speed-up = fp32 seconds / bf16 seconds of adjacent passes (median, min-max). "
+             "Loss: label-smoothed "
              "training loss of each copy on a held-out batch after the passes (same start, same batches).", "",
              "| threads | fp32 tokens/s | bf16 tokens/s | bf16 speed-up | held-out loss fp32 / bf16 | matmul bf16 "
              "speed-up: model shape / square 2048 |", "|---:|---:|---:|---:|---:|---:|"]

@@ -50,9 +50,10 @@ RUNS: dict[str, dict] = {
 # stage 3: the rest of the levers, each against `python train.py` with no flags (the defaults of b4be7ba: BPE 4,000,
 # batches of 1,024 tokens, the run-length rule's 5,000 steps, validation every 2,000 steps), changing the named flags
 # only, so a stage-3 run with no flags is the default run (`corpus_runs.py en-es`). The validation cadence stays the
-# default's too: each validation draws from the random stream training uses, so it is part of the recipe. Levers that change the time per step run for the same
-# time instead of the same steps: their steps are scaled by the step-time ratio measured on 1,024-token batches,
-# 1 thread (enc5-dec2 0.99x, wide384 2+2 1.26x the small preset's step time).
+# default's too: each validation draws from the random stream training uses, so it is part of the recipe. Levers
+# that change the time per step run for the same time instead of the same steps: their steps are scaled by the
+# step-time ratio measured on 1,024-token batches, 1 thread (enc5-dec2 0.99x, wide384 2+2 1.26x the small preset's
+# step time).
 RUNS.update({
     "s3-baseline": {},
     "s3-lr2e-3": {"learning_rate": 2e-3},
@@ -189,8 +190,8 @@ def _decoding_table(rows: list[dict]) -> str:
 def write_table() -> None:
     every = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
     rows = [row for row in every if row.get("kind") not in ("decoding", "robustness")]
-    lines = ["| run | flags (changed from the stage's defaults) | val BLEU greedy | val BLEU beam 4 | last ckpt, greedy | "
-             "val BLEU style-shifted | val loss | steps | epochs | train min | tok/s | threads × jobs | machine | "
+    lines = ["| run | flags (changed from the stage's defaults) | val BLEU greedy | val BLEU beam 4 | "
+             "last ckpt, greedy | val BLEU style-shifted | val loss | steps | epochs | train min | tok/s | threads × jobs | machine | "
              "commit |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for row in rows:
@@ -294,7 +295,8 @@ def main() -> None:
         runs[name] = json.loads(flags)
     work = record_run if args.record else run_one
     with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(lambda item: work(*item, args.threads, args.jobs, args.beam, args.last, args.note), runs.items()))
+        list(pool.map(lambda item: work(*item, args.threads, args.jobs, args.beam, args.last, args.note),
+                      runs.items()))
     write_table()
 
 
