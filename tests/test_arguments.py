@@ -50,6 +50,16 @@ def test_config_file_instead_of_flags(tmp_path):
     assert model_args.preset == "base" and model_args.normalize_before and data_args.max_tokens == 4096
 
 
+def test_a_new_model_is_pre_norm_unless_post_norm_is_asked_for(tmp_path):
+    model_args, _, args = parse_arguments(tiny_run_flags(tmp_path))
+    assert model_args.build_config(vocab_size=100).normalize_before is True and args.learning_rate == 2e-3
+    # the default is not a size flag: a post-norm model given to --model_name_or_path is not contradicted
+    assert "normalize_before" not in model_args.size_overrides()
+    model_args, _, _ = parse_arguments(tiny_run_flags(tmp_path, normalize_before=False))
+    assert model_args.build_config(vocab_size=100).normalize_before is False
+    assert model_args.size_overrides()["normalize_before"] is False
+
+
 def test_an_unknown_schedule_is_refused(tmp_path):
     with pytest.raises(UsageError, match="--lr_scheduler_type must be one of"):
         run_tiny(tmp_path, lr_scheduler_type="exponential")

@@ -151,8 +151,8 @@ def test_nan_advice_names_a_checkpoint_only_when_there_is_one(tmp_path, capsys, 
 
 @pytest.mark.parametrize("schedule", ["linear", "cosine"])
 def test_a_decaying_schedule_reaches_zero_at_the_last_step(tmp_path, schedule):
-    run_tiny(tmp_path, lr_scheduler_type=schedule, max_steps=6, warmup_steps=2, logging_steps=1, save_steps=0,
-        eval_steps=0, do_train=True)
+    run_tiny(tmp_path, lr_scheduler_type=schedule, learning_rate=1e-3, max_steps=6, warmup_steps=2, logging_steps=1,
+             save_steps=0, eval_steps=0, do_train=True)
     rates = [row["learning_rate"] for row in json.loads((tmp_path / "training_history.json").read_text())
              if "learning_rate" in row]
     assert len(rates) == 6 and rates[1] == pytest.approx(1e-3) and rates[-1] == 0.0
