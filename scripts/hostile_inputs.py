@@ -440,7 +440,7 @@ RESUME_CASES = [
     resume_case("older_checkpoint_while_newer_exist", _nothing, {"resume_from_checkpoint": "{run}/checkpoint-2"},
                 "checkpoint-2", "checkpoint-4", "--overwrite_newer_checkpoints"),
     resume_case("changed_learning_rate", _nothing, {"resume_from_checkpoint": "latest", "learning_rate": 0.01},
-                "--learning_rate 0.001 -> 0.01"),
+                "--learning_rate 0.002 -> 0.01"),
     resume_case("changed_warmup", _nothing, {"resume_from_checkpoint": "latest", "warmup_steps": 50},
                 "--warmup_steps 2 -> 50"),
     resume_case("changed_corpus_size", _nothing, {"resume_from_checkpoint": "latest", "max_train_samples": 100},

@@ -19,6 +19,7 @@ from helpers import (
 )
 from safetensors.torch import load_file
 
+from hf_scratch_transformer.arguments import RunArguments
 from hf_scratch_transformer.checkpointing import read_run_state
 from hf_scratch_transformer.run_directory import CHECKPOINT_COMPLETE, list_checkpoints
 from hf_scratch_transformer.training import main
@@ -87,7 +88,7 @@ def test_resuming_an_older_checkpoint_moves_the_newer_ones_aside_when_asked(tmp_
     run_quick(tmp_path, max_steps=4, save_steps=2, eval_steps=0)
     newer = load_file(tmp_path / "checkpoint-4" / "model.safetensors")
     run_quick(tmp_path, max_steps=4, save_steps=2, eval_steps=0, resume_from_checkpoint=str(tmp_path / "checkpoint-2"),
-        overwrite_newer_checkpoints=True, learning_rate=0.001)
+        overwrite_newer_checkpoints=True, learning_rate=RunArguments().learning_rate)  # the default, given explicitly
     [aside] = tmp_path.glob("abandoned-after-2-*")
     assert sorted(path.name for path in aside.iterdir()) == ["checkpoint-4"]
     assert all(torch.equal(newer[name], value) for name, value in

@@ -233,4 +233,5 @@ def test_remote_code_in_a_process_without_the_package(saved_dir, trained, tiny_t
         "model": "ScratchTransformerForConditionalGeneration", "missing": [], "unexpected": [], "tied": True,
         "translation": expected_text, "package_imported": False,
     }
-    assert torch.equal(torch.load(tmp_path / "logits.pt"), expected_logits)
+    # another process may order its sums differently (it failed bit-equality once, on a loaded machine)
+    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected_logits, rtol=0, atol=1e-5)

@@ -75,7 +75,7 @@ def _break(case, model_dir):
         config = json.loads((model_dir / "config.json").read_text())
         config["d_model"] = 96
         (model_dir / "config.json").write_text(json.dumps(config))
-        return "contradicts model.safetensors: model.decoder.layers.0.cross_attn.k_proj.bias is (64,) in the weights but (96,)"
+        return "contradicts model.safetensors: model.decoder.layer_norm.bias is (64,) in the weights but (96,)"
     if case in ("garbage_tokenizer_json", "empty_tokenizer_json"):
         (model_dir / "tokenizer.json").write_text("{garbage" if case == "garbage_tokenizer_json" else "")
         return "tokenizer.json is not valid JSON"

@@ -211,7 +211,7 @@ def _checked_before_moving_aside(ws: Workspace) -> str:
     run = ws.finished_run()
     flags = tiny_flags(run, resume_from_checkpoint=str(run / "checkpoint-2"), overwrite_newer_checkpoints=True,
                        learning_rate=0.01)
-    message = _refused_unchanged(run, flags, "--learning_rate 0.001 -> 0.01")
+    message = _refused_unchanged(run, flags, "--learning_rate 0.002 -> 0.01")
     if list(run.glob("abandoned-after-*")) or not (run / "checkpoint-4").is_dir():
         raise Failure("checkpoint-4 was moved aside by a resume that was then refused")
     return message
