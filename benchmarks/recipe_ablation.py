@@ -74,7 +74,8 @@ RUNS.update({
 BASE_FLAGS = {"do_train": True, "do_eval": True, "eval_steps": 0, "report_to": "none", "overwrite_output_dir": True,
               "seed": 42, "save_total_limit": 1, "save_steps": 0, "num_train_epochs": 4.5}  # stages 1 and 2
 # the rest is train.py's defaults, except the two that stage 3 itself changed (pre-norm and 2e-3 since ac6cd5a)
-STAGE3_BASE_FLAGS = {"report_to": "none", "overwrite_output_dir": True, "normalize_before": False, "learning_rate": 1e-3}
+STAGE3_BASE_FLAGS = {"report_to": "none", "overwrite_output_dir": True, "normalize_before": False,
+                     "learning_rate": 1e-3}
 
 
 def command_line(name: str, flags: dict, threads: int) -> list[str]:
@@ -223,8 +224,8 @@ def write_table() -> None:
                      "scores it (stage 3). A run stopped by hand shows its last validation's figures (see its note). "
                      "Stages 1-2 changed flags from the defaults of e00bf89 (3 epochs, validated at the end); "
                      "stage 3 (`s3-*`) from `python train.py` with no flags as of b4be7ba (post-norm, Adam 1e-3; "
-                     "pre-norm at 2e-3 is the default since ac6cd5a). `threads × jobs`: torch threads of the training run × runs side by side; other "
-                     "jobs may have shared the machine too, so `train min` and `tok/s` compare nothing — use steps "
+                     "pre-norm at 2e-3 is the default since ac6cd5a). `threads × jobs`: torch threads of the "
+                     "training run × runs side by side; other jobs may have shared the machine too, so `train min` and `tok/s` compare nothing — use steps "
                      "and epochs. Machines: Xeon = Intel Xeon Processor, EPYC = AMD EPYC (AVX-512, no AMX), "
                      "2 logical cores each.\n\n"
                      + "\n".join(lines) + "\n" + ("\n" + "\n".join(notes) + "\n" if notes else "")
