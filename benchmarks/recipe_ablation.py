@@ -83,11 +83,14 @@ RUNS.update({
 BASE_FLAGS = {"do_train": True, "do_eval": True, "eval_steps": 0, "report_to": "none", "overwrite_output_dir": True,
               "seed": 42, "save_total_limit": 1, "save_steps": 0, "num_train_epochs": 4.5}  # stages 1 and 2
 # the rest is train.py's defaults, except the two that stage 3 itself changed (pre-norm and 2e-3 since ac6cd5a)
+# and the run-length rule of then (5,000 steps, early stopping after 3 validations, the best model kept), written out
+# since stage 4 shortened the rule's budget and made the decay linear
 STAGE3_BASE_FLAGS = {"report_to": "none", "overwrite_output_dir": True, "normalize_before": False,
-                     "learning_rate": 1e-3}
+                     "learning_rate": 1e-3, "lr_scheduler_type": "inverse_sqrt", "max_steps": 5000,
+                     "early_stopping_patience": 3, "load_best_model_at_end": True}
 
 
-STAGE4_BASE_FLAGS = {"report_to": "none", "overwrite_output_dir": True}
+STAGE4_BASE_FLAGS = {"report_to": "none", "overwrite_output_dir": True, "lr_scheduler_type": "inverse_sqrt"}
 
 
 def command_line(name: str, flags: dict, threads: int) -> list[str]:

@@ -20,10 +20,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on share
 
 
 @pytest.mark.parametrize("steps_per_epoch, total, eval_steps", [
-    (1108, 5000, 2000),  # the shipped corpus: the step budget binds (4.5 epochs)
-    (110, 5000, 220),  # 3,000 pairs: 45 epochs at most, validation every two epochs, early stopping does the rest
+    (1108, 3600, 2000),  # the shipped corpus: the step budget binds (3.2 epochs)
+    (110, 3600, 220),  # 3,000 pairs: 33 epochs at most, validation every two epochs, early stopping does the rest
     (20, 2000, 200),  # a tiny corpus: 100 epochs, validation at least 200 steps apart
-    (None, 5000, 2000),  # streamed: the epoch's length is unknown
+    (None, 3600, 2000),  # streamed: the epoch's length is unknown
 ])
 def test_without_steps_or_epochs_the_rule_decides_and_stops_early(steps_per_epoch, total, eval_steps):
     length = run_length(RunArguments(), steps_per_epoch)
