@@ -78,6 +78,9 @@ RUNS.update({
     "s4-lr3e-3": {"learning_rate": 3e-3, "max_steps": 3600},
     "s4-linear-lr3e-3": {"learning_rate": 3e-3, "lr_scheduler_type": "linear", "max_steps": 3600},
     "s4-linear": {"lr_scheduler_type": "linear", "max_steps": 3600},
+    # on top of the default that s4-linear made (3,600 steps, linear decay): how much dropout the short budget wants
+    "s4-dropout0.2": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.2},
+    "s4-dropout0.0": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.0},
 })
 
 BASE_FLAGS = {"do_train": True, "do_eval": True, "eval_steps": 0, "report_to": "none", "overwrite_output_dir": True,
