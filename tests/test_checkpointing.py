@@ -1,7 +1,9 @@
 """checkpointing.py: resuming (bit for bit, or refused with one line naming what differs) and averaging."""
 
 import json
+import os
 import shutil
+import signal
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from safetensors.torch import load_file
 
 from hf_scratch_transformer.arguments import RunArguments
 from hf_scratch_transformer.checkpointing import read_run_state
+from hf_scratch_transformer.loop import TrainingLoop
 from hf_scratch_transformer.run_directory import CHECKPOINT_COMPLETE, list_checkpoints
 from hf_scratch_transformer.training import main
 
@@ -30,10 +33,21 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on share
 # ------------------------------------------------------------------------------------------------------------ resuming
 
 
-def test_stop_and_resume_ends_with_the_same_weights(tmp_path):
+def test_stop_and_resume_ends_with_the_same_weights(tmp_path, capsys, monkeypatch):
+    """Stopped by Ctrl-C mid-run, under the default (linear, length-dependent) schedule."""
     flags = dict(max_steps=12, save_steps=4, eval_steps=0, max_train_samples=40, max_tokens=256)
     run_tiny(tmp_path / "straight", **flags)
-    run_tiny(tmp_path / "resumed", **{**flags, "max_steps": 6})  # stops after step 6, checkpoint-6 written
+    real_loss = TrainingLoop._loss
+
+    def loss_then_ctrl_c(self, batch):
+        if self.state.global_step == 5:  # during step 6
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_loss(self, batch)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(TrainingLoop, "_loss", loss_then_ctrl_c)
+        message = fails_with(tiny_run_flags(tmp_path / "resumed", **flags), capsys, code=130)
+    assert "checkpoint saved at step 6" in message
     run_tiny(tmp_path / "resumed", **flags, resume_from_checkpoint="latest")
     straight = load_file(tmp_path / "straight" / "model.safetensors")
     resumed = load_file(tmp_path / "resumed" / "model.safetensors")
