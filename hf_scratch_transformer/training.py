@@ -128,6 +128,8 @@ def _run_training(model_args: ModelArguments, data_args: DataArguments, args: Ru
                           args, output_dir)
         if checkpoint is not None:
             trainer.resume(checkpoint)
+        if (warning := model_args.dropout_warning(trainer.length)) and accelerator.is_main_process:
+            logger.warning(warning)
         trainer.state.data_fingerprint = fingerprint
         if trackers(args):
             start_tracker_logs(accelerator, _hyperparameters(model_args, data_args, args))

@@ -5,7 +5,7 @@ import json
 import pytest
 from helpers import MODEL_CARD_TEMPLATE, REPO, fails_with, run_tiny, tiny_run_flags
 
-from hf_scratch_transformer.arguments import parse_arguments
+from hf_scratch_transformer.arguments import parse_arguments, run_length
 from hf_scratch_transformer.errors import UsageError
 from hf_scratch_transformer.training import run_training
 
@@ -58,6 +58,26 @@ def test_a_new_model_is_pre_norm_unless_post_norm_is_asked_for(tmp_path):
     model_args, _, _ = parse_arguments(tiny_run_flags(tmp_path, normalize_before=False))
     assert model_args.build_config(vocab_size=100).normalize_before is False
     assert model_args.size_overrides()["normalize_before"] is False
+
+
+def test_a_new_model_has_no_dropout_unless_asked_for(tmp_path):
+    model_args, _, _ = parse_arguments(tiny_run_flags(tmp_path))
+    config = model_args.build_config(vocab_size=100)
+    assert (config.dropout, config.attention_dropout, config.activation_dropout) == (0.0, 0.0, 0.0)
+    assert model_args.dropout_overrides() == {}  # a model given to --model_name_or_path keeps its own rates
+    model_args, _, _ = parse_arguments(tiny_run_flags(tmp_path, dropout=0.1, attention_dropout=0.05))
+    config = model_args.build_config(vocab_size=100)
+    assert (config.dropout, config.attention_dropout, config.activation_dropout) == (0.1, 0.05, 0.0)
+
+
+@pytest.mark.parametrize("flags, steps, warned", [({}, 300, True), ({}, 100, False), ({"dropout": 0.0}, 300, False),
+                                                  ({"model_name_or_path": "some/model"}, 300, False)])
+def test_a_long_run_without_dropout_is_warned_about_at_the_start(tmp_path, flags, steps, warned):
+    model_args, _, args = parse_arguments(tiny_run_flags(tmp_path, max_steps=steps, **flags))
+    warning = model_args.dropout_warning(run_length(args, steps_per_epoch=10))
+    assert (warning is not None) == warned
+    if warned:
+        assert "30 epochs" in warning and "--dropout 0.1" in warning
 
 
 def test_an_unknown_schedule_is_refused(tmp_path):
