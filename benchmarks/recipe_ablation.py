@@ -85,6 +85,12 @@ RUNS.update({
     # subword regularisation in place of dropout: robustness to how the source is spelt
     "s4-dropout0.0-bpe-dropout0.05": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.0,
                                       "bpe_dropout": 0.05},
+    # on top of the default that these made (no dropout): the vocabulary and the depth split, at the same steps
+    # (enc5-dec2's step takes 0.99x the small preset's, stage 3)
+    "s4-dropout0.0-vocab2k": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.0,
+                              "tokenizer_vocab_size": 2000},
+    "s4-dropout0.0-enc5-dec2": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.0,
+                                "encoder_layers": 5, "decoder_layers": 2},
 })
 
 BASE_FLAGS = {"do_train": True, "do_eval": True, "eval_steps": 0, "report_to": "none", "overwrite_output_dir": True,
