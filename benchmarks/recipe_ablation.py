@@ -91,6 +91,8 @@ RUNS.update({
                               "tokenizer_vocab_size": 2000},
     "s4-dropout0.0-enc5-dec2": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.0,
                                 "encoder_layers": 5, "decoder_layers": 2},
+    "s4-dropout0.0-ls0.2": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.0,
+                            "label_smoothing_factor": 0.2},
 })
 
 BASE_FLAGS = {"do_train": True, "do_eval": True, "eval_steps": 0, "report_to": "none", "overwrite_output_dir": True,
