@@ -106,13 +106,11 @@ class ModelArguments:
 
     def dropout_warning(self, length: "RunLength") -> str | None:
         """A line to log when a new model gets the default no-dropout for a run of many epochs (a small corpus)."""
-        if self.model_name_or_path or self.dropout is not None or NEW_MODEL_DROPOUT or not length.steps_per_epoch:
-            return None
-        epochs = length.total_steps / length.steps_per_epoch
-        if epochs <= NO_DROPOUT_EPOCHS_WARNING:
+        if self.model_name_or_path or self.dropout is not None or NEW_MODEL_DROPOUT or \
+                not length.epochs or length.epochs <= NO_DROPOUT_EPOCHS_WARNING:
             return None
         return (f"a new model trains without dropout by default (chosen for runs of a few epochs), and this run "
-                f"plans {epochs:.3g} epochs: on a small corpus give --dropout 0.1 or more")
+                f"plans {length.epochs:.3g} epochs: on a small corpus give --dropout 0.1 or more")
 
     def given_sizes(self) -> dict:
         """The size fields given on the command line, shortcuts resolved (a side given explicitly wins)."""
@@ -279,10 +277,14 @@ class RunLength:
     metric: str
     greater_is_better: bool
 
+    @property
+    def epochs(self) -> float | None:
+        """Planned epochs over the training split; None when streamed."""
+        return self.total_steps / self.steps_per_epoch if self.steps_per_epoch else None
+
     def describe(self) -> str:
         """One log line: steps, why that many, validation and stopping."""
-        epochs = f" ({self.total_steps / self.steps_per_epoch:.3g} epochs of {self.steps_per_epoch:,} steps)" \
-            if self.steps_per_epoch else ""
+        epochs = f" ({self.epochs:.3g} epochs of {self.steps_per_epoch:,} steps)" if self.steps_per_epoch else ""
         why = {"max_steps": "--max_steps", "epochs": "--num_train_epochs",
                "rule": f"the run-length rule: at most {DEFAULT_STEP_BUDGET:,} steps and {DEFAULT_MAX_EPOCHS} epochs, "
                        f"since neither --max_steps nor --num_train_epochs was given"}[self.source]
