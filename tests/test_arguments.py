@@ -1,6 +1,7 @@
 """arguments.py: flags, config files and the checks made before any work (one line naming what to fix)."""
 
 import json
+import logging
 
 import pytest
 from helpers import MODEL_CARD_TEMPLATE, REPO, fails_with, run_tiny, tiny_run_flags
@@ -78,6 +79,12 @@ def test_a_long_run_without_dropout_is_warned_about_at_the_start(tmp_path, flags
     assert (warning is not None) == warned
     if warned:
         assert "30 epochs" in warning and "--dropout 0.1" in warning
+
+
+def test_a_training_run_logs_the_no_dropout_warning(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="hf_scratch_transformer"):
+        run_tiny(tmp_path / "out", max_train_samples=40, max_steps=60, save_steps=0, eval_steps=0, do_predict=False)
+    assert any("trains without dropout by default" in record.getMessage() for record in caplog.records)
 
 
 def test_an_unknown_schedule_is_refused(tmp_path):
