@@ -125,9 +125,10 @@ def command_line(name: str, flags: dict, threads: int) -> list[str]:
 
 
 def score_on_validation(model_dir: Path, num_beams: int, threads: int, length_penalty: float = 1.0,
-                        split: str = "validation", shifted: bool = False) -> dict:
+                        split: str = "validation", shifted: bool = False, kinds: tuple[str, ...] | None = None) -> dict:
     """Validation (or test) BLEU/chrF of a saved model (or checkpoint), decoded as train.py decodes (bounded
-    lengths); with `shifted`, of the style-shifted sources (benchmarks/style_shift.py) against the same references."""
+    lengths); with `shifted`, of the style-shifted sources (benchmarks/style_shift.py) against the same references,
+    with only the perturbations in `kinds` when given."""
     import torch
 
     from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
@@ -136,11 +137,11 @@ def score_on_validation(model_dir: Path, num_beams: int, threads: int, length_pe
     from transformers import AutoTokenizer
 
     torch.set_num_threads(threads)
-    from style_shift import style_shifted
+    from style_shift import PERTURBATIONS, style_shifted
 
     data_args = DataArguments()
     sources, references = evaluation_pairs(load_parallel_corpus(data_args)[split], data_args)
-    sources = style_shifted(sources) if shifted else sources
+    sources = style_shifted(sources, kinds=kinds or PERTURBATIONS) if shifted else sources
     tokenizer = AutoTokenizer.from_pretrained(model_dir.parent if model_dir.name.startswith("checkpoint-")
                                               else model_dir)
     model = ScratchTransformerForConditionalGeneration.from_pretrained(model_dir).eval()
@@ -203,9 +204,11 @@ def score_decodings(model_dir: Path, threads: int) -> None:
         print(json.dumps(record), flush=True)
 
 
-def score_robustness(model_dirs: list[Path], split: str, beam: bool, threads: int) -> None:
+def score_robustness(model_dirs: list[Path], split: str, beam: bool, threads: int, breakdown: bool = False) -> None:
     """BLEU of trained models on a split's sources and on their style-shifted copy (greedy; beam 4 with `beam`), one
-    record each: the robustness figure."""
+    record each: the robustness figure. With `breakdown`, also greedy BLEU with each perturbation alone."""
+    from style_shift import PERTURBATIONS
+
     for model_dir in model_dirs:
         record = {"kind": "robustness", "name": model_dir.name, "model": str(model_dir), "split": split}
         for beams in (1, 4) if beam else (1,):
@@ -213,6 +216,9 @@ def score_robustness(model_dirs: list[Path], split: str, beam: bool, threads: in
             record[label] = score_on_validation(model_dir, beams, threads, split=split)["bleu"]
             shifted = score_on_validation(model_dir, beams, threads, split=split, shifted=True)
             record[f"{label}_shifted"] = shifted["bleu"]
+        if breakdown:
+            record["greedy_alone"] = {kind: score_on_validation(model_dir, 1, threads, split=split, shifted=True,
+                                                                kinds=(kind,))["bleu"] for kind in PERTURBATIONS}
         record.update(threads=threads, commit=_commit(), machine=_machine(), date=time.strftime("%Y-%m-%d %H:%M"))
         with open(RESULTS, "a") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -289,6 +295,18 @@ def _robustness_table(rows: list[dict]) -> str:
         lines.append(f"| {r['name']} | {r['split']} | {r['greedy']} | {r['greedy_shifted']} | {drop('greedy')} | "
                      f"{r.get('beam4', '')} | {r.get('beam4_shifted', '')} | {drop('beam4')} | "
                      f"{_short_machine(r.get('machine', ''))} | {r['commit']} |")
+    broken_down = [r for r in rows if r.get("greedy_alone")]
+    if broken_down:
+        kinds = list(broken_down[0]["greedy_alone"])
+        lines += ["", "What each perturbation costs alone (`--robustness ... --breakdown`; greedy BLEU change against "
+                  "the plain source; the perturbations of `benchmarks/style_shift.py` one at a time, with the random draws "
+                  "of the full shift):", "",
+                  "| model | split | plain | all | " + " | ".join(kinds) + " | sum of parts |",
+                  "|---|---|---:|---:|" + "---:|" * (len(kinds) + 1)]
+        for r in broken_down:
+            costs = [r["greedy_alone"][kind] - r["greedy"] for kind in kinds]
+            lines.append(f"| {r['name']} | {r['split']} | {r['greedy']} | {r['greedy_shifted'] - r['greedy']:+.2f} | "
+                         + " | ".join(f"{cost:+.2f}" for cost in costs) + f" | {sum(costs):+.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -320,6 +338,8 @@ def main() -> None:
     parser.add_argument("--decoding", metavar="MODEL_DIR", help="score a trained model under each of DECODINGS")
     parser.add_argument("--robustness", nargs="+", metavar="MODEL_DIR",
                         help="score trained models on --split and on its style-shifted sources")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="with --robustness: also score each style-shift perturbation alone (greedy)")
     parser.add_argument("--split", default="validation", choices=("validation", "test"))
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--table", action="store_true")
@@ -338,7 +358,8 @@ def main() -> None:
         write_table()
         return
     if args.robustness:
-        score_robustness([Path(path) for path in args.robustness], args.split, args.beam, args.threads)
+        score_robustness([Path(path) for path in args.robustness], args.split, args.beam, args.threads,
+                         args.breakdown)
         return
     runs = {name: RUNS[name] for name in args.runs}
     for extra in args.set:

@@ -14,9 +14,11 @@ Users' sentences differ. `style_shift` rewrites a sentence with deterministic, s
 
 `style_shifted(sources, seed)` applies it to a list, sentence i with `random.Random(f"{seed}:{i}")`: the same
 input and seed give the same output on every machine. The references are unchanged: a model robust to how the source
-is written loses little BLEU on the shifted sources.
+is written loses little BLEU on the shifted sources. `kinds` applies only some of the perturbations (names in
+PERTURBATIONS) with the same random draws, so that one perturbation alone lower-cases, spaces or misspells the same
+sentences it does in the full shift (typos: the same draws, over words the skipped rewrites did not change).
 
-    python benchmarks/style_shift.py --split test --show 5      # print a few pairs
+    python benchmarks/style_shift.py --split test --show 5      # print a few pairs, and how many each kind changes
 """
 
 import argparse
@@ -47,6 +49,7 @@ CONTRACTIONS = [
     ("she is", "she's"), ("let us", "let's"), ("who is", "who's"), ("what is", "what's"),
 ]
 TYPO_RATE, LOWER_CASE_SHARE, SPACED_PUNCTUATION_SHARE = 0.03, 0.2, 0.25
+PERTURBATIONS = ("british", "archaic", "contractions", "casing", "punctuation", "typos")  # in the order applied
 
 
 def _keep_case(replacement: str, original: str) -> str:
@@ -69,24 +72,32 @@ def _typo(word: str, rng: random.Random) -> str:
     return word[:i] + word[i] + word[i:]
 
 
-def style_shift(text: str, rng: random.Random) -> str:
-    """`text` rewritten by the perturbations of the module docstring, drawing from `rng`."""
-    for american, british in BRITISH.items():
-        text = _replace_words(text, rf"\b{american}\b", british)
-    for pattern, replacement in ARCHAIC:
-        text = _replace_words(text, pattern, replacement)
-    for long, short in CONTRACTIONS:
-        text = _replace_words(text, rf"\b{long}\b", short)
-    if rng.random() < LOWER_CASE_SHARE:
+def style_shift(text: str, rng: random.Random, kinds: tuple[str, ...] = PERTURBATIONS) -> str:
+    """`text` rewritten by the perturbations of the module docstring named in `kinds`, drawing from `rng`."""
+    unknown = set(kinds) - set(PERTURBATIONS)
+    if unknown:
+        raise ValueError(f"unknown perturbations {sorted(unknown)}; choose from {', '.join(PERTURBATIONS)}")
+    if "british" in kinds:
+        for american, british in BRITISH.items():
+            text = _replace_words(text, rf"\b{american}\b", british)
+    if "archaic" in kinds:
+        for pattern, replacement in ARCHAIC:
+            text = _replace_words(text, pattern, replacement)
+    if "contractions" in kinds:
+        for long, short in CONTRACTIONS:
+            text = _replace_words(text, rf"\b{long}\b", short)
+    if rng.random() < LOWER_CASE_SHARE and "casing" in kinds:
         text = text.lower()
-    if rng.random() < SPACED_PUNCTUATION_SHARE:
+    if rng.random() < SPACED_PUNCTUATION_SHARE and "punctuation" in kinds:
         text = re.sub(r"(?<=\w)([,.;:!?])", r" \1", text)
+    if "typos" not in kinds:
+        return text
     return re.sub(r"[A-Za-z]+", lambda match: _typo(match.group(0), rng), text)
 
 
-def style_shifted(sources: list[str], seed: int = 0) -> list[str]:
+def style_shifted(sources: list[str], seed: int = 0, kinds: tuple[str, ...] = PERTURBATIONS) -> list[str]:
     """Every source style-shifted, sentence i with its own seeded generator."""
-    return [style_shift(text, random.Random(f"{seed}:{index}")) for index, text in enumerate(sources)]
+    return [style_shift(text, random.Random(f"{seed}:{index}"), kinds) for index, text in enumerate(sources)]
 
 
 def main() -> None:
@@ -101,6 +112,9 @@ def main() -> None:
     shifted = style_shifted(sources)
     changed = sum(a != b for a, b in zip(sources, shifted))
     print(f"{changed} of {len(sources)} {args.split} sources changed")
+    for kind in PERTURBATIONS:
+        alone = style_shifted(sources, kinds=(kind,))
+        print(f"  {kind}: {sum(a != b for a, b in zip(sources, alone))} alone")
     for original, new in list(zip(sources, shifted))[: args.show]:
         print(f"- {original}\n+ {new}")
 
