@@ -95,6 +95,12 @@ RUNS.update({
                             "label_smoothing_factor": 0.2},
     "s4-dropout0.0-ls0.2-seed2": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.0,
                                   "label_smoothing_factor": 0.2, "seed": 7},
+    # training-time source noise against the two style-shift perturbations a model can learn from the corpus alone
+    # (casing, typos): lower-case 10 % of the training sources and misspell 2 % of their words, redrawn every epoch
+    "s4-dropout0.0-noise": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.0,
+                            "source_lowercase_rate": 0.1, "source_typo_rate": 0.02},
+    "s4-dropout0.0-noise-seed2": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.0,
+                                  "source_lowercase_rate": 0.1, "source_typo_rate": 0.02, "seed": 7},
     # wider and shallower at equal time: its step took 1.26x the small preset's in stage 3 (3,968 steps for 5,000)
     "s4-dropout0.0-wide384-2+2": {"lr_scheduler_type": "linear", "max_steps": 2858, "dropout": 0.0, "d_model": 384,
                                   "encoder_layers": 2, "decoder_layers": 2, "attention_heads": 6, "ffn_dim": 1536},

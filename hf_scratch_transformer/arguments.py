@@ -178,6 +178,13 @@ class RunArguments:
         default=0.0, metadata={"help": "BPE-dropout rate of the training batches (subword regularisation, "
                                        "resampled every epoch, seeded); evaluation and the saved tokenizer never use "
                                        "it. 0: off."})
+    source_lowercase_rate: float = field(
+        default=0.0, metadata={"help": "Share of training source sentences lower-cased (drawn anew every epoch, "
+                                       "seeded), so that the model translates lower-case input too. 0: off."})
+    source_typo_rate: float = field(
+        default=0.0, metadata={"help": "Share of training source words (four letters or more) given one typo: two "
+                                       "inner letters swapped, one dropped or one doubled (drawn anew every epoch, "
+                                       "seeded). 0: off."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0: off)."})
     per_device_train_batch_size: int = field(default=64, metadata={"help": "Sentences per batch without --max_tokens."})
     per_device_eval_batch_size: int = field(default=64, metadata={"help": "Sentences per evaluation batch."})
@@ -406,6 +413,7 @@ RUN_RANGES = [
     ("adam_beta1", 0, 1, {"high_ok": False}), ("adam_beta2", 0, 1, {"high_ok": False}),
     ("adam_epsilon", 0, math.inf, {"low_ok": False}), ("weight_decay", 0, math.inf),
     ("label_smoothing_factor", 0, 1, {"high_ok": False}), ("bpe_dropout", 0, 1, {"high_ok": False}),
+    ("source_lowercase_rate", 0, 1, {"high_ok": False}), ("source_typo_rate", 0, 1, {"high_ok": False}),
     ("max_grad_norm", 0, math.inf), ("eval_steps", 0, math.inf), ("early_stopping_patience", 0, math.inf),
     ("max_train_minutes", 0, math.inf), ("save_steps", 0, math.inf), ("save_total_limit", 1, math.inf),
     ("cpu_threads", 0, math.inf), ("ddp_timeout", 1, math.inf), ("dataloader_num_workers", 0, math.inf),

@@ -29,7 +29,7 @@ from .evaluation import log_row
 from .model_directory import push_during_training
 from .run_directory import checkpoint_name, list_checkpoints, save_checkpoint, staging_folder
 from .stopping import METRIC_NAMES, StoppingRules
-from .tokenization import BPEDropout
+from .tokenization import BPEDropout, SourceNoise
 
 logger = logging.getLogger("hf_scratch_transformer")
 STREAM_SHUFFLE_BUFFER = 10_000  # examples in the shuffle buffer of a --streaming training split
@@ -97,28 +97,38 @@ def start_accelerator(args, output_dir: Path) -> Accelerator:
 # -------------------------------------------------------------------------------------------------------- batches
 
 
-class BPEDropoutCollator:
-    """Collates training pairs re-segmented with BPE-dropout: each side is decoded back to its text and encoded again
-    with dropout (`tokenization.BPEDropout`), seeded by the run's seed, the epoch and the text, so that every epoch
-    sees a new segmentation and a rerun or a resumed run sees the same one. Sequences stay within the maximum
-    lengths (`</s>` kept). Only the training batches use it."""
+class TrainingNoiseCollator:
+    """Collates training pairs with the run's training-time noise: each side is decoded back to its text, the source
+    is given `SourceNoise` (lower-casing, typos) and both are encoded again, with BPE-dropout (`BPEDropout`) when
+    its rate is above 0. Every draw is seeded by the run's seed, the epoch and the text, so that every epoch sees new
+    noise and a rerun or a resumed run sees the same. Sequences stay within the maximum lengths (`</s>` kept). Only
+    the training batches use it."""
 
-    def __init__(self, collator, tokenizer, p: float, seed: int, max_source_length: int, max_target_length: int):
+    def __init__(self, collator, tokenizer, seed: int, max_source_length: int, max_target_length: int,
+                 bpe_dropout: float = 0.0, source_noise: SourceNoise | None = None):
         self.collator, self.tokenizer, self.seed = collator, tokenizer, seed
-        self.dropout = BPEDropout(tokenizer, p)
+        self.dropout = BPEDropout(tokenizer, bpe_dropout) if bpe_dropout > 0 else None
+        self.source_noise = source_noise or SourceNoise()
         self.max_lengths = {"input_ids": max_source_length, "labels": max_target_length}
         self.epoch = 0
 
     def __call__(self, features: list[dict]) -> dict:
-        resegmented = [{} for _ in features]
+        encoded = [{} for _ in features]
         for key, max_length in self.max_lengths.items():
             texts = self.tokenizer.batch_decode([feature[key] for feature in features], skip_special_tokens=True)
-            for example, text in zip(resegmented, texts):
-                ids = self.dropout.encode(text, random.Random(f"{self.seed}:{self.epoch}:{key}:{text}"))
+            if key == "input_ids" and self.source_noise:
+                texts = [self.source_noise.apply(text, random.Random(f"{self.seed}:{self.epoch}:noise:{text}"))
+                         for text in texts]
+            if self.dropout is None:
+                all_ids = self.tokenizer(texts)["input_ids"]
+            else:
+                all_ids = [self.dropout.encode(text, random.Random(f"{self.seed}:{self.epoch}:{key}:{text}"))
+                           for text in texts]
+            for example, ids in zip(encoded, all_ids):
                 example[key] = ids if len(ids) <= max_length else ids[: max_length - 1] + ids[-1:]
-        for example in resegmented:
+        for example in encoded:
             example["attention_mask"] = [1] * len(example["input_ids"])
-        return self.collator(resegmented)
+        return self.collator(encoded)
 
 
 class TrainBatches:
@@ -126,9 +136,10 @@ class TrainBatches:
     sharded over the processes), or batches formed while reading a streamed split."""
 
     def __init__(self, dataset, collator, data_args, args, accelerator: Accelerator, tokenizer=None):
-        if args.bpe_dropout > 0:
-            collator = BPEDropoutCollator(collator, tokenizer, args.bpe_dropout, args.seed,
-                                          data_args.max_source_length, data_args.max_target_length)
+        source_noise = SourceNoise(args.source_lowercase_rate, args.source_typo_rate)
+        if args.bpe_dropout > 0 or source_noise:
+            collator = TrainingNoiseCollator(collator, tokenizer, args.seed, data_args.max_source_length,
+                                             data_args.max_target_length, args.bpe_dropout, source_noise)
         self.dataset, self.collator, self.data_args, self.args = dataset, collator, data_args, args
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
         self.sampler = None if data_args.streaming else make_batch_sampler(
@@ -152,7 +163,7 @@ class TrainBatches:
     def epoch(self, epoch: int, done: int):
         """(example indices, collated batch) of this process for the rest of epoch `epoch`, after the `done`
         batches it already trained on; indices are positions in the (shuffled) stream with --streaming."""
-        if isinstance(self.collator, BPEDropoutCollator):
+        if isinstance(self.collator, TrainingNoiseCollator):
             self.collator.epoch = epoch
         if self.sampler is None:
             yield from self._stream(epoch, done)

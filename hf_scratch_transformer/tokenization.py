@@ -232,3 +232,43 @@ class BPEDropout:
                 if left >= 0 and right >= 0 and (r := self.ranks.get((symbols[left], symbols[right]))) is not None:
                     heapq.heappush(queue, (r, left))
         return [symbol for symbol in symbols if symbol]
+
+
+class SourceNoise:
+    """Training-time noise on the source text, so that the model does not rely on one way of writing it:
+    a share of sentences lower-cased (as Marian's case augmentation), and typos in a share of the words of four
+    letters or more (one of: two inner letters swapped, an inner letter dropped, an inner letter doubled, as in
+    Belinkov and Bisk, 2018). Used for training batches only, redrawn every epoch; rates 0 leave the text as it is.
+    """
+
+    def __init__(self, lowercase_rate: float = 0.0, typo_rate: float = 0.0):
+        for name, rate in (("lower-casing", lowercase_rate), ("typo", typo_rate)):
+            if not 0.0 <= rate < 1.0:
+                raise ValueError(f"source {name} rate must be in [0, 1), got {rate}")
+        self.lowercase_rate, self.typo_rate = lowercase_rate, typo_rate
+
+    def __bool__(self) -> bool:
+        return self.lowercase_rate > 0 or self.typo_rate > 0
+
+    def apply(self, text: str, rng: random.Random) -> str:
+        """`text` with this noise drawn from `rng`."""
+        if self.lowercase_rate and rng.random() < self.lowercase_rate:
+            text = text.lower()
+        if not self.typo_rate:
+            return text
+        return _WORD.sub(lambda match: misspell(match.group(0), rng) if len(match.group(0)) >= 4
+                         and rng.random() < self.typo_rate else match.group(0), text)
+
+
+_WORD = re.compile(r"[^\W\d_]+")  # a run of letters, in any script
+
+
+def misspell(word: str, rng: random.Random) -> str:
+    """`word` (four letters or more) with one typo among its inner letters: the first and last stay."""
+    i = rng.randrange(1, len(word) - 2)
+    kind = rng.randrange(3)
+    if kind == 0:
+        return word[:i] + word[i + 1] + word[i] + word[i + 2:]
+    if kind == 1:
+        return word[:i] + word[i + 1:]
+    return word[:i] + word[i] + word[i:]

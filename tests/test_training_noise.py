@@ -1,4 +1,5 @@
-"""BPE-dropout (--bpe_dropout): seeded re-segmentation of the training batches only, new at every epoch."""
+"""Training-time noise, on the training batches only and new at every epoch: BPE-dropout (--bpe_dropout, seeded
+re-segmentation) and source noise (--source_lowercase_rate, --source_typo_rate)."""
 
 import collections
 import json
@@ -9,8 +10,8 @@ import torch
 from helpers import PAIRS, run_quick
 from safetensors.torch import load_file
 
-from hf_scratch_transformer.loop import BPEDropoutCollator, TrainingLoop
-from hf_scratch_transformer.tokenization import BPEDropout
+from hf_scratch_transformer.loop import TrainingNoiseCollator, TrainingLoop
+from hf_scratch_transformer.tokenization import BPEDropout, SourceNoise, misspell
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
 
@@ -99,7 +100,7 @@ def test_evaluation_batches_do_not_use_dropout(tmp_path, monkeypatch):
     monkeypatch.setattr(TrainingLoop, "__init__", spy)
     run_quick(tmp_path / "run", max_steps=2, bpe_dropout=0.2)
     (training, evaluation), = collators
-    assert isinstance(training, BPEDropoutCollator) and not isinstance(evaluation, BPEDropoutCollator)
+    assert isinstance(training, TrainingNoiseCollator) and not isinstance(evaluation, TrainingNoiseCollator)
 
 
 def test_a_run_with_dropout_resumes_exactly(tmp_path):
@@ -112,3 +113,73 @@ def test_a_run_with_dropout_resumes_exactly(tmp_path):
         tmp_path / "resumed" / "model.safetensors")
     for name in straight:
         assert torch.equal(straight[name], resumed[name]), name
+
+
+# ------------------------------------------------------------------------------------------------ source noise
+
+
+def test_source_noise_is_seeded_and_does_what_it_says():
+    sentence = "Jesus wept, and the disciples remembered what he had said about the temple."
+    assert SourceNoise().apply(sentence, random.Random(0)) == sentence
+    lowered = [SourceNoise(lowercase_rate=0.3).apply(sentence, random.Random(seed)) for seed in range(400)]
+    assert set(lowered) == {sentence, sentence.lower()}
+    assert 0.22 < lowered.count(sentence.lower()) / 400 < 0.38
+    noisy = SourceNoise(typo_rate=0.5)
+    assert noisy.apply(sentence, random.Random(3)) == noisy.apply(sentence, random.Random(3))
+    changed = 0
+    for seed in range(50):
+        words, noisy_words = sentence.split(), noisy.apply(sentence, random.Random(seed)).split()
+        assert len(words) == len(noisy_words)
+        for word, noisy_word in zip(words, noisy_words):
+            if word != noisy_word:
+                changed += 1
+                assert len(word.strip(",.")) >= 4 and word[0] == noisy_word[0] and word[-1] == noisy_word[-1]
+                assert abs(len(word) - len(noisy_word)) <= 1 and set(noisy_word) <= set(word)
+    assert changed > 50
+    assert misspell("Señor", random.Random(1)) != "Señor"
+    with pytest.raises(ValueError, match="typo rate must be in"):
+        SourceNoise(typo_rate=1.0)
+
+
+def test_source_noise_changes_training_sources_each_epoch_and_never_targets(tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    seen = record_batches(monkeypatch)
+    labels = []
+    real = TrainingLoop._train_batch
+    monkeypatch.setattr(TrainingLoop, "_train_batch",
+                        lambda self, indices, batch: (labels.append(batch["labels"].clone()), real(self, indices,
+                                                                                                   batch))[1])
+    flags = dict(max_train_samples=24, max_steps=12, eval_steps=0, save_steps=0)
+    run_quick(tmp_path / "noisy", source_lowercase_rate=0.5, source_typo_rate=0.2, **flags)
+    noisy_seen, noisy_labels = list(seen), list(labels)
+    seen.clear(), labels.clear()
+    run_quick(tmp_path / "plain", **flags)
+    assert [indices for _, indices, _ in seen] == [indices for _, indices, _ in noisy_seen]
+    assert all(torch.equal(a, b) for a, b in zip(labels, noisy_labels))  # targets are never noised
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "plain")
+    sources = collections.defaultdict(dict)
+    for (epoch, indices, plain), (_, _, noisy) in zip(seen, noisy_seen):
+        for index, plain_row, noisy_row in zip(indices, plain.tolist(), noisy.tolist()):
+            plain_text, noisy_text = (tokenizer.decode([t for t in row if t], skip_special_tokens=True)
+                                      for row in (plain_row, noisy_row))
+            sources[index][epoch] = (plain_text, noisy_text)
+    pairs = [pair for epochs in sources.values() for pair in epochs.values()]
+    assert any(noisy == noisy.lower() and plain != plain.lower() for plain, noisy in pairs)  # lower-cased
+    assert any(noisy.lower() != plain.lower() for plain, noisy in pairs)  # misspelt
+    assert any(plain == noisy for plain, noisy in pairs)  # and some left as they are
+    twice = [epochs for epochs in sources.values() if len(epochs) >= 2]
+    assert any(len({noisy for _, noisy in epochs.values()}) > 1 for epochs in twice)  # redrawn each epoch
+    saved = (tmp_path / "noisy" / "tokenizer.json").read_text()
+    assert saved == (tmp_path / "plain" / "tokenizer.json").read_text()
+
+
+def test_source_noise_flags_are_checked_before_training(tmp_path):
+    from helpers import quick_flags
+
+    from hf_scratch_transformer.arguments import parse_arguments
+    from hf_scratch_transformer.errors import UsageError
+
+    for flag, value in (("source_lowercase_rate", 1.0), ("source_typo_rate", -0.1)):
+        with pytest.raises(UsageError, match=flag):
+            parse_arguments(quick_flags(tmp_path, **{flag: value}))
