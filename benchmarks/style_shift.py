@@ -25,6 +25,8 @@ import argparse
 import random
 import re
 
+from hf_scratch_transformer.tokenization import misspell
+
 BRITISH = {
     "honor": "honour", "honors": "honours", "honored": "honoured", "dishonor": "dishonour", "color": "colour",
     "colors": "colours", "neighbor": "neighbour", "neighbors": "neighbours", "favor": "favour", "favored": "favoured",
@@ -63,13 +65,7 @@ def _replace_words(text: str, pattern: str, replacement: str) -> str:
 def _typo(word: str, rng: random.Random) -> str:
     if len(word) < 4 or not word.isalpha() or rng.random() >= TYPO_RATE:
         return word
-    i = rng.randrange(1, len(word) - 2)  # inner letters only: the first and last stay
-    kind = rng.randrange(3)
-    if kind == 0:
-        return word[:i] + word[i + 1] + word[i] + word[i + 2:]
-    if kind == 1:
-        return word[:i] + word[i + 1:]
-    return word[:i] + word[i] + word[i:]
+    return misspell(word, rng)  # the typos of training's --source_typo_rate: inner letters only
 
 
 def style_shift(text: str, rng: random.Random, kinds: tuple[str, ...] = PERTURBATIONS) -> str:
