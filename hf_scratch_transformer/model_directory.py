@@ -112,6 +112,7 @@ def model_card(template: str | Path, *, model, model_args, data_args, args, resu
         lr_scheduler=args.lr_scheduler_type, label_smoothing=args.label_smoothing_factor,
         dropout=(f"{config.dropout} (attention {config.attention_dropout}, after the feed-forward activation "
                  f"{config.activation_dropout})"),
+        training_noise=_training_noise(args),
         final_weights=_final_weights(results), training_end=results.get("stop_detail") or "not recorded",
         decoding=_decoding(args), max_grad_norm=args.max_grad_norm, batching=_batching(data_args, args),
         steps=state.global_step,
@@ -125,6 +126,13 @@ def model_card(template: str | Path, *, model, model_args, data_args, args, resu
         domain_note="the Bible in early-20th-century Spanish and modern English" if shipped else "the corpus above",
         max_source_length=data_args.max_source_length,
     )
+
+
+def _training_noise(args) -> str:
+    noise = [f"{args.source_lowercase_rate:.0%} of the source sentences lower-cased"] if args.source_lowercase_rate else []
+    noise += [f"typos in {args.source_typo_rate:.0%} of the source words"] if args.source_typo_rate else []
+    noise += [f"BPE-dropout {args.bpe_dropout}"] if args.bpe_dropout else []
+    return ", ".join(noise) + " (redrawn every epoch)" if noise else "none"
 
 
 def _final_weights(results: dict) -> str:

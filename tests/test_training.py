@@ -72,6 +72,7 @@ def test_the_model_card_holds_the_measured_figures(long_run):
     assert "{{" not in card and "40 optimiser steps" in card
     assert "Final weights: the weights after the last step." in card
     assert "`linear` decay" in card and "dropout 0.0 (attention 0.0, after the feed-forward activation 0.0)" in card
+    assert "training-time noise: none." in " ".join(card.split())
 
 
 def test_debug_shows_the_traceback(tmp_path, capsys, caplog):

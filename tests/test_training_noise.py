@@ -172,6 +172,9 @@ def test_source_noise_changes_training_sources_each_epoch_and_never_targets(tmp_
     assert any(len({noisy for _, noisy in epochs.values()}) > 1 for epochs in twice)  # redrawn each epoch
     saved = (tmp_path / "noisy" / "tokenizer.json").read_text()
     assert saved == (tmp_path / "plain" / "tokenizer.json").read_text()
+    card = " ".join((tmp_path / "noisy" / "README.md").read_text().split())
+    assert ("training-time noise: 50% of the source sentences lower-cased, typos in 20% of the source words "
+            "(redrawn every epoch).") in card
 
 
 def test_source_noise_flags_are_checked_before_training(tmp_path):
