@@ -108,15 +108,20 @@ class TrainingNoiseCollator:
                  bpe_dropout: float = 0.0, source_noise: SourceNoise | None = None):
         self.collator, self.tokenizer, self.seed = collator, tokenizer, seed
         self.dropout = BPEDropout(tokenizer, bpe_dropout) if bpe_dropout > 0 else None
-        self.source_noise = source_noise or SourceNoise()
+        self.source_noise = source_noise if source_noise is not None else SourceNoise()
         self.max_lengths = {"input_ids": max_source_length, "labels": max_target_length}
         self.epoch = 0
 
     def __call__(self, features: list[dict]) -> dict:
         encoded = [{} for _ in features]
         for key, max_length in self.max_lengths.items():
+            noised = key == "input_ids" and self.source_noise
+            if self.dropout is None and not noised:  # nothing to redraw on this side: keep its ids
+                for example, feature in zip(encoded, features):
+                    example[key] = feature[key]
+                continue
             texts = self.tokenizer.batch_decode([feature[key] for feature in features], skip_special_tokens=True)
-            if key == "input_ids" and self.source_noise:
+            if noised:
                 texts = [self.source_noise.apply(text, random.Random(f"{self.seed}:{self.epoch}:noise:{text}"))
                          for text in texts]
             if self.dropout is None:
