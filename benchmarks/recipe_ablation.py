@@ -101,6 +101,12 @@ RUNS.update({
                             "source_lowercase_rate": 0.1, "source_typo_rate": 0.02},
     "s4-dropout0.0-noise-seed2": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.0,
                                   "source_lowercase_rate": 0.1, "source_typo_rate": 0.02, "seed": 7},
+    # bf16 autocast on the default recipe (item 4): same steps, two seeds; this EPYC has AVX-512 BF16 but no AMX
+    "s4-dropout0.0-bf16": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.0, "bf16": True},
+    "s4-dropout0.0-bf16-seed2": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.0, "bf16": True,
+                                 "seed": 7},
+    # the rest of the dropout sweep: 0.3 (0.2 was already behind no dropout)
+    "s4-dropout0.3": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.3},
     # wider and shallower at equal time: its step took 1.26x the small preset's in stage 3 (3,968 steps for 5,000)
     "s4-dropout0.0-wide384-2+2": {"lr_scheduler_type": "linear", "max_steps": 2858, "dropout": 0.0, "d_model": 384,
                                   "encoder_layers": 2, "decoder_layers": 2, "attention_heads": 6, "ffn_dim": 1536},
