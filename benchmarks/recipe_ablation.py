@@ -108,6 +108,8 @@ RUNS.update({
     # bf16 at the fp32 run's time: its training ran at 1.20x the fp32 seed-7 run's tokens/s (3,652 against 3,043, one
     # thread each, two runs side by side), so 1.2x the steps
     "s4-dropout0.0-bf16-4320": {"lr_scheduler_type": "linear", "max_steps": 4320, "dropout": 0.0, "bf16": True},
+    "s4-dropout0.0-bf16-4320-seed2": {"lr_scheduler_type": "linear", "max_steps": 4320, "dropout": 0.0, "bf16": True,
+                                      "seed": 7},
     # the rest of the dropout sweep: 0.3 (0.2 was already behind no dropout)
     "s4-dropout0.3": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.3},
     # wider and shallower at equal time: its step took 1.26x the small preset's in stage 3 (3,968 steps for 5,000)
