@@ -32,6 +32,7 @@ import transformers  # noqa: E402
 from transformers import GenerationConfig, MarianConfig, MarianMTModel  # noqa: E402
 
 from hf_scratch_transformer.configuration_scratch_transformer import ScratchTransformerConfig  # noqa: E402
+from hf_scratch_transformer.model_directory import cpu_model_and_flags  # noqa: E402,F401 (re-exported)
 from hf_scratch_transformer.modeling_scratch_transformer import (  # noqa: E402
     ScratchTransformerForConditionalGeneration,
 )
@@ -299,20 +300,6 @@ def git_commit() -> str | None:
         return None
 
 
-def cpu_model_and_flags() -> tuple[str, str]:
-    """The first CPU's model name and flags line from /proc/cpuinfo (platform.processor() elsewhere)."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                key = line.split(":", 1)[0].strip()
-                if key in ("model name", "flags") and key not in fields:
-                    fields[key] = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return fields.get("model name", platform.processor()), " " + fields.get("flags", "") + " "
-
-
 def package_version(name: str) -> str | None:
     """Installed version without importing the package (importing ctranslate2 loads its OpenMP runtime)."""
     try:
@@ -328,7 +315,7 @@ def machine_info(threads: int) -> dict:
         "cpu": cpu,
         "logical_cpus": os.cpu_count(),
         "torch_threads": threads,
-        "avx512f": " avx512f" in flags, "amx": " amx_tile" in flags,
+        "avx512f": "avx512f" in flags, "amx": "amx_tile" in flags,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -107,7 +107,7 @@ def main() -> None:
     load_before = machine_info(0)["loadavg"]
     batches, vocab_size, _ = train_py_batches(args.batches + 1, args.max_tokens, args.vocab_size, spread=True)
     rows = [measure(threads, batches[:-1], batches[-1], vocab_size, args.passes) for threads in args.threads]
-    results = {"machine": machine_info(max(args.threads)), "avx512_bf16": " avx512_bf16 " in cpu_model_and_flags()[1],
+    results = {"machine": machine_info(max(args.threads)), "avx512_bf16": "avx512_bf16" in cpu_model_and_flags()[1],
                "load_before": load_before, "note": args.note, "vocab_size": vocab_size, "batches": args.batches,
                "max_tokens": args.max_tokens, "passes": args.passes, "rows": rows}
     write_results(results, RESULTS / "cpu_precision.json", render(results))

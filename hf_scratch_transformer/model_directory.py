@@ -117,7 +117,7 @@ def model_card(template: str | Path, *, model, model_args, data_args, args, resu
         decoding=_decoding(args), max_grad_norm=args.max_grad_norm, batching=_batching(data_args, args),
         steps=state.global_step,
         epochs=round(results.get("epoch", state.epoch), 2), train_tokens=f"{state.train_tokens:,}",
-        hardware=hardware, train_time=f"{results['train_runtime'] / 60:.1f} minutes",
+        hardware=hardware, precision=_precision(args), train_time=f"{results['train_runtime'] / 60:.1f} minutes",
         software=(f"hf-scratch-transformer, PyTorch {torch.__version__}, transformers {transformers.__version__}, "
                   f"Python {platform.python_version()}"),
         sample_translations=samples, decoding_for_samples=f"beam {args.num_beams}",
@@ -126,6 +126,10 @@ def model_card(template: str | Path, *, model, model_args, data_args, args, resu
         domain_note="the Bible in early-20th-century Spanish and modern English" if shipped else "the corpus above",
         max_source_length=data_args.max_source_length,
     )
+
+
+def _precision(args) -> str:
+    return "bf16 mixed precision" if args.bf16 else "fp16 mixed precision" if args.fp16 else "fp32"
 
 
 def _training_noise(args) -> str:
@@ -189,10 +193,13 @@ def _batching(data_args, args) -> str:
 
 
 def hardware_description(device: torch.device, processes: int) -> str:
-    """The GPU's name or the CPU's, and the number of processes: the model card's hardware line."""
-    name = (torch.cuda.get_device_name(device) if device.type == "cuda" else
-            f"{_cpu_name()}, {os.cpu_count()} logical cores")
-    return name + f", {processes} process(es)"
+    """The GPU's name or the CPU's (with its bf16 matrix units, which decide whether `--bf16` pays there), and the
+    number of processes: the model card's hardware line."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device) + f", {processes} process(es)"
+    name, flags = cpu_model_and_flags()
+    units = "AMX" if "amx_tile" in flags else "AVX-512 BF16, no AMX" if "avx512_bf16" in flags else "no bf16 units"
+    return f"{name} ({units}), {os.cpu_count()} logical cores, {processes} process(es)"
 
 
 def _table_cell(text: str, limit: int = 300) -> str:
@@ -201,14 +208,18 @@ def _table_cell(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _cpu_name() -> str:
+def cpu_model_and_flags() -> tuple[str, set[str]]:
+    """The first CPU's model name and feature flags from /proc/cpuinfo (platform.processor() and none elsewhere)."""
+    fields = {}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "flags"):
+                    fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or "unknown CPU"
+    return fields.get("model name") or platform.processor() or "unknown CPU", set(fields.get("flags", "").split())
 
 
 # ------------------------------------------------------------------------------------------------------------ hub

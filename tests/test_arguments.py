@@ -120,3 +120,4 @@ def test_the_gpu_recipe_runs_its_code_paths_on_a_cpu(tmp_path, fresh_accelerator
     config = json.loads((tmp_path / "config.json").read_text())
     assert (config["dropout"], config["attention_dropout"], config["activation_dropout"]) == (0.3, 0.1, 0.1)
     assert results["train_steps"] == 4 and results["train_loss"] > 0
+    assert "; bf16 mixed precision; wall time" in (tmp_path / "README.md").read_text()

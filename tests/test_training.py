@@ -2,6 +2,7 @@
 
 import json
 import logging
+import re
 
 import pytest
 from helpers import MODEL_CARD_TEMPLATE, run_tiny, tiny_run_flags
@@ -73,6 +74,8 @@ def test_the_model_card_holds_the_measured_figures(long_run):
     assert "Final weights: the weights after the last step." in card
     assert "`linear` decay" in card and "dropout 0.0 (attention 0.0, after the feed-forward activation 0.0)" in card
     assert "training-time noise: none." in " ".join(card.split())
+    assert re.search(r"Hardware: .+ \((AMX|AVX-512 BF16, no AMX|no bf16 units)\), \d+ logical cores, 1 process\(es\); "
+                     r"fp32; wall time", card)
 
 
 def test_debug_shows_the_traceback(tmp_path, capsys, caplog):
