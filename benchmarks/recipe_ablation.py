@@ -110,6 +110,8 @@ RUNS.update({
     "s4-dropout0.0-bf16-4320": {"lr_scheduler_type": "linear", "max_steps": 4320, "dropout": 0.0, "bf16": True},
     "s4-dropout0.0-bf16-4320-seed2": {"lr_scheduler_type": "linear", "max_steps": 4320, "dropout": 0.0, "bf16": True,
                                       "seed": 7},
+    # fp32 at those steps: how much of bf16-4320's gain is the steps alone (and whether it fits the budget in fp32)
+    "s4-dropout0.0-4320-seed2": {"lr_scheduler_type": "linear", "max_steps": 4320, "dropout": 0.0, "seed": 7},
     # the rest of the dropout sweep: 0.3 (0.2 was already behind no dropout)
     "s4-dropout0.3": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.3},
     # wider and shallower at equal time: its step took 1.26x the small preset's in stage 3 (3,968 steps for 5,000)
