@@ -32,7 +32,7 @@ import transformers  # noqa: E402
 from transformers import GenerationConfig, MarianConfig, MarianMTModel  # noqa: E402
 
 from hf_scratch_transformer.configuration_scratch_transformer import ScratchTransformerConfig  # noqa: E402
-from hf_scratch_transformer.model_directory import cpu_model_and_flags  # noqa: E402
+from hf_scratch_transformer.cpu_threads import cpu_model_and_flags  # noqa: E402
 from hf_scratch_transformer.modeling_scratch_transformer import (  # noqa: E402
     ScratchTransformerForConditionalGeneration,
 )

@@ -6,7 +6,7 @@ each run end to end with no size or length flags (the run-length rule decides wh
     python benchmarks/corpus_runs.py --table                        # rewrite results/corpus_runs.md
     python benchmarks/corpus_runs.py --list
 
-Each run is `python train.py --output_dir DIR <its flags>` timed from start to exit (corpus, tokenizer, training,
+Each run is `python train.py --output_dir DIR --bf16 false <its flags>` (fp32, as on a CPU without AVX-512 BF16) timed from start to exit (corpus, tokenizer, training,
 validation, test decoding, save). A row of `benchmarks/results/corpus_runs.jsonl` holds the flags, the wall time,
 the steps, why the run stopped, the best validation step and test BLEU / chrF greedy and beam 4 from
 all_results.json, with the machine, its load average at start and end, and `--note` (say what else was running).
@@ -35,8 +35,9 @@ RUNS = {
 
 def run(name: str, output_root: Path, note: str, extra: list[str]) -> dict:
     output_dir = output_root / f"corpus-run-{name}"
+    # fp32 pinned: the rows were run in fp32, the default before it became bf16 on CPUs with AVX-512 BF16
     command = [sys.executable, str(REPO / "train.py"), "--output_dir", str(output_dir), "--overwrite_output_dir",
-               *RUNS[name], *extra]
+               "--bf16", "false", *RUNS[name], *extra]
     load_before, started = loadavg(), time.perf_counter()
     output_root.mkdir(parents=True, exist_ok=True)
     log = output_root / f"corpus-run-{name}.log"
@@ -76,7 +77,8 @@ def write_table() -> str:
     rows = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
     machine = rows[-1]["machine"]
     text = (f"# The default recipe on more than one corpus\n\n`python benchmarks/corpus_runs.py NAME --note ...`: "
-            f"`python train.py` with the flags shown and nothing else (the run-length rule decides the steps), "
+            f"`python train.py --bf16 false` with the flags shown and nothing else (fp32, as on a CPU without "
+            f"AVX-512 BF16; the run-length rule decides the steps), "
             f"timed end to end. Test split of the shipped corpus (755 pairs), sacreBLEU 13a. Machine: "
             f"{machine['cpu']}, {machine['logical_cpus']} logical CPUs, AVX-512 {'yes' if machine['avx512f'] else 'no'}"
             f", AMX {'yes' if machine['amx'] else 'no'}; torch {machine['torch']}, transformers "

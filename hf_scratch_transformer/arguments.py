@@ -14,10 +14,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 import yaml
 from transformers import HfArgumentParser
 
 from .configuration_scratch_transformer import DEFAULT_PRESET, PRESETS, ScratchTransformerConfig
+from .cpu_threads import cpu_model_and_flags
 from .data import DataArguments
 from .errors import UsageError, check_range
 from .translation_core import DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B, DecodingOptions, InvalidOption
@@ -33,6 +35,13 @@ DROPOUT_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
 # batches) and DEFAULT_MAX_EPOCHS epochs, with early stopping after DEFAULT_PATIENCE validations without a better
 # model; validation every two epochs, within [MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS] steps.
 DEFAULT_STEP_BUDGET = 3600
+# Precision (docs/training.md): a run that gives neither --bf16 nor --fp16 trains in bf16 mixed precision on a CPU
+# where that was measured to pay, one with AVX-512 BF16 and no AMX (an AMD EPYC: 1.20x the training tokens/s at 1 and 2
+# threads, validation BLEU within a seed's noise of fp32), and in fp32 elsewhere: on AMX it is unmeasured (one check
+# found an autocast step slower there under load), and without bf16 units it is emulated. bf16 on such a CPU gives the
+# run-length rule 1.2x the steps, the same 30 minutes: 4,320 steps reached validation BLEU 22.42 / 21.84 (seeds 42 / 7)
+# where fp32's 3,600 had 21.31 / 21.38 (benchmarks/results/recipe_ablation.md, stage 4).
+BF16_CPU_STEP_BUDGET = 4320
 DEFAULT_MAX_EPOCHS = 100
 DEFAULT_PATIENCE = 3
 MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS = 200, 2000
@@ -148,8 +157,9 @@ class RunArguments:
                                         "--max_steps)."})
     max_steps: int = field(
         default=-1, metadata={"help": f"If > 0: optimiser steps to run (overrides epochs). With neither: up to "
-                                      f"{DEFAULT_STEP_BUDGET:,} steps and {DEFAULT_MAX_EPOCHS} epochs, with early "
-                                      f"stopping (docs/training.md)."})
+                                      f"{DEFAULT_STEP_BUDGET:,} steps ({BF16_CPU_STEP_BUDGET:,} in bf16 on a CPU "
+                                      f"with AVX-512 BF16) and {DEFAULT_MAX_EPOCHS} epochs, with early stopping "
+                                      f"(docs/training.md)."})
     max_train_minutes: float = field(
         default=0, metadata={"help": "Training time budget in minutes (summed over resumed runs): at the budget the "
                                      "run stops as at its last step (checkpoint, evaluation, test, save); 0: none."})
@@ -223,7 +233,10 @@ class RunArguments:
     do_predict: bool = field(
         default=False, metadata={"help": "Translate the test split: generated_predictions.txt, test BLEU and chrF."})
     report_to: str = field(default="tensorboard", metadata={"help": "Accelerate tracker(s), comma-separated, or none."})
-    bf16: bool = field(default=False, metadata={"help": "bf16 mixed precision (GPU, or recent CPUs)."})
+    bf16: bool | None = field(  # `--bf16` alone means true
+        default=None, metadata={"help": "bf16 mixed precision (default: on a CPU with AVX-512 BF16 and no AMX, where "
+                                        "it was measured to pay, unless --fp16; else off).", "nargs": "?",
+                                "const": True})
     fp16: bool = field(default=False, metadata={"help": "fp16 mixed precision (GPU)."})
     torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
     dataloader_num_workers: int = field(default=0, metadata={"help": "Worker processes for batch collation."})
@@ -283,6 +296,7 @@ class RunLength:
     source: str  # "max_steps", "epochs" or "rule"
     metric: str
     greater_is_better: bool
+    step_budget: int = DEFAULT_STEP_BUDGET  # the run-length rule's most steps (step_budget())
 
     @property
     def epochs(self) -> float | None:
@@ -293,7 +307,7 @@ class RunLength:
         """One log line: steps, why that many, validation and stopping."""
         epochs = f" ({self.epochs:.3g} epochs of {self.steps_per_epoch:,} steps)" if self.steps_per_epoch else ""
         why = {"max_steps": "--max_steps", "epochs": "--num_train_epochs",
-               "rule": f"the run-length rule: at most {DEFAULT_STEP_BUDGET:,} steps and {DEFAULT_MAX_EPOCHS} epochs, "
+               "rule": f"the run-length rule: at most {self.step_budget:,} steps and {DEFAULT_MAX_EPOCHS} epochs, "
                        f"since neither --max_steps nor --num_train_epochs was given"}[self.source]
         validation = f"validation every {self.eval_steps:,} steps" if self.eval_steps else "validation at the end"
         stopping = (f"early stopping after {self.patience} validations without a better validation {self.metric}"
@@ -302,14 +316,16 @@ class RunLength:
         return f"training for {self.total_steps:,} steps{epochs} ({why}); {validation}; {stopping}; {kept}"
 
 
-def run_length(args: RunArguments, steps_per_epoch: int | None) -> RunLength:
-    """The run length of `args` for an epoch of `steps_per_epoch` optimiser steps (None: a streamed corpus)."""
+def run_length(args: RunArguments, steps_per_epoch: int | None,
+               budget: int = DEFAULT_STEP_BUDGET) -> RunLength:
+    """The run length of `args` for an epoch of `steps_per_epoch` optimiser steps (None: a streamed corpus), with
+    at most `budget` steps under the run-length rule (step_budget())."""
     if args.max_steps > 0:
         total, source = args.max_steps, "max_steps"
     elif args.num_train_epochs is not None and steps_per_epoch:
         total, source = math.ceil(args.num_train_epochs * steps_per_epoch), "epochs"
     else:
-        total, source = DEFAULT_STEP_BUDGET, "rule"
+        total, source = budget, "rule"
         if steps_per_epoch:
             total = min(total, DEFAULT_MAX_EPOCHS * steps_per_epoch)
     eval_steps = args.eval_steps
@@ -322,7 +338,35 @@ def run_length(args: RunArguments, steps_per_epoch: int | None) -> RunLength:
     load_best = args.load_best_model_at_end if args.load_best_model_at_end is not None else patience > 0
     metric = best_model_metric(args)
     return RunLength(total, eval_steps, patience, load_best, steps_per_epoch, source, metric,
-                     BEST_MODEL_METRICS[metric])
+                     BEST_MODEL_METRICS[metric], budget)
+
+
+# ------------------------------------------------------------------------------------------------- the precision
+
+
+def bf16_pays_on(device: torch.device) -> bool:
+    """Whether bf16 mixed precision was measured to make a training step cheaper at equal BLEU on `device`: a CPU
+    with AVX-512 BF16 and no AMX (see BF16_CPU_STEP_BUDGET)."""
+    if device.type != "cpu":
+        return False
+    flags = cpu_model_and_flags()[1]
+    return "avx512_bf16" in flags and "amx_tile" not in flags
+
+
+def choose_precision(args: RunArguments, device: torch.device) -> str | None:
+    """Settles --bf16 when it was not given: on where bf16_pays_on(device) and --fp16 was not given, else off.
+    Returns a line to log when bf16 was chosen that way."""
+    if args.bf16 is not None:
+        return None
+    args.bf16 = not args.fp16 and bf16_pays_on(device)
+    return ("bf16 mixed precision: this CPU has AVX-512 BF16 (and no AMX), where bf16 trains 1.2x faster at the same "
+            "BLEU; --bf16 false trains in fp32" if args.bf16 else None)
+
+
+def step_budget(args: RunArguments, device: torch.device) -> int:
+    """The run-length rule's most steps: BF16_CPU_STEP_BUDGET in bf16 where bf16_pays_on(device), else
+    DEFAULT_STEP_BUDGET (the same time on 2 CPU cores)."""
+    return BF16_CPU_STEP_BUDGET if args.bf16 and bf16_pays_on(device) else DEFAULT_STEP_BUDGET
 
 
 def best_model_metric(args: RunArguments) -> str:

@@ -17,6 +17,7 @@ choice changes speed only.
 
 import logging
 import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -25,6 +26,20 @@ from dataclasses import dataclass
 import torch
 
 logger = logging.getLogger("hf_scratch_transformer")
+
+
+def cpu_model_and_flags() -> tuple[str, set[str]]:
+    """The first CPU's model name and feature flags from /proc/cpuinfo (platform.processor() and none elsewhere)."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "flags"):
+                    fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields.get("model name") or platform.processor() or "unknown CPU", set(fields.get("flags", "").split())
 
 
 def thread_tuner(device, name: str, fixed: int = 0) -> "ThreadTuner | None":

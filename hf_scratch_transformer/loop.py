@@ -13,13 +13,13 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from .arguments import run_length
+from .arguments import choose_precision, run_length, step_budget
 from .checkpointing import RunState, load_checkpoint, resume_settings
 from .cpu_threads import thread_tuner
 from .data import make_batch_sampler, padding_fraction, sequence_lengths
@@ -74,6 +74,9 @@ def start_accelerator(args, output_dir: Path) -> Accelerator:
     cpu = world_size > 1 and not torch.cuda.is_available()
     if world_size > 1:
         start_process_group(cpu, args.ddp_timeout)
+    processes = PartialState(cpu=cpu)  # the device, before Accelerator's precision is fixed
+    if (precision := choose_precision(args, processes.device)) and processes.is_main_process:
+        logger.info(precision)
     accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
@@ -260,7 +263,7 @@ class TrainingLoop:
         self.train_model, self.optimizer = accelerator.prepare(self.train_model, optimizer)
         self.batches = TrainBatches(train_dataset, collator, data_args, args, accelerator, tokenizer)
         self.threads = thread_tuner(accelerator.device, "training", args.cpu_threads)
-        self.length = run_length(args, self.batches.steps_per_epoch())
+        self.length = run_length(args, self.batches.steps_per_epoch(), step_budget(args, accelerator.device))
         self.total_steps = self.length.total_steps
         self.stopping = StoppingRules(self.length, args.max_train_minutes, self.state)
         self.final_validation: dict | None = None  # the validation of the weights the run ends with, if made

@@ -15,6 +15,7 @@ import torch
 import transformers
 from huggingface_hub import HfApi
 
+from .cpu_threads import cpu_model_and_flags
 from .data import SHIPPED_DATASET_ID
 from .errors import TrainingFault
 from .model_card import render_model_card
@@ -206,20 +207,6 @@ def _table_cell(text: str, limit: int = 300) -> str:
     """Text safe inside a Markdown table cell."""
     text = " ".join(text.split()).replace("|", "\\|")
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def cpu_model_and_flags() -> tuple[str, set[str]]:
-    """The first CPU's model name and feature flags from /proc/cpuinfo (platform.processor() and none elsewhere)."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                if key.strip() in ("model name", "flags"):
-                    fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return fields.get("model name") or platform.processor() or "unknown CPU", set(fields.get("flags", "").split())
 
 
 # ------------------------------------------------------------------------------------------------------------ hub

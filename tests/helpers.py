@@ -115,13 +115,14 @@ def train_tiny_model(steps: int = 100, seed: int = 0, lr: float = 3e-3):
 
 def tiny_run_flags(output_dir, **overrides) -> list[str]:
     """train.py flags of a tiny run: ~400 training pairs, small vocabulary, short evaluation; finishes in seconds.
-    A value of None drops the flag, True gives it without a value."""
+    A value of None drops the flag, True gives it without a value. fp32 is pinned, so that a run is the same on
+    every CPU (the default precision depends on the CPU's bf16 units: test_arguments.py tests that rule)."""
     flags = {
         "preset": "tiny", "output_dir": str(output_dir), "max_train_samples": 400, "max_eval_samples": 16,
         "max_predict_samples": 16, "tokenizer_vocab_size": 600, "max_tokens": 1024, "max_source_length": 96,
         "max_target_length": 96, "max_steps": 8, "logging_steps": 2, "save_steps": 4, "eval_steps": 4,
         "warmup_steps": 4, "eval_max_new_tokens": 12, "num_beams": 2, "report_to": "none",
-        "max_position_embeddings": 128,
+        "max_position_embeddings": 128, "bf16": False,
     }
     flags.update(overrides)
     return flags_to_argv(flags)

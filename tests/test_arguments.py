@@ -6,7 +6,11 @@ import logging
 import pytest
 from helpers import MODEL_CARD_TEMPLATE, REPO, fails_with, run_tiny, tiny_run_flags
 
-from hf_scratch_transformer.arguments import parse_arguments, run_length
+import torch
+
+from hf_scratch_transformer import arguments
+from hf_scratch_transformer.arguments import (BF16_CPU_STEP_BUDGET, DEFAULT_STEP_BUDGET, RunArguments, choose_precision,
+                                              parse_arguments, run_length, step_budget)
 from hf_scratch_transformer.errors import UsageError
 from hf_scratch_transformer.training import run_training
 
@@ -101,23 +105,65 @@ def test_every_shipped_training_config_parses(config):
     assert args.output_dir.startswith("outputs/")
 
 
-@pytest.fixture
-def fresh_accelerator_state():
-    """Accelerate keeps one state per process; this test's bf16 differs from the other runs' precision."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
 def test_the_gpu_recipe_runs_its_code_paths_on_a_cpu(tmp_path, fresh_accelerator_state):
     """configs/gpu-en-es.yaml's options (bf16, averaging, dropouts, loader workers), shrunk to a tiny run."""
     flags = tiny_run_flags(tmp_path, max_steps=4, save_steps=2, eval_steps=0, num_beams=1, do_train=True,
-                           save_total_limit=None, dropout=None, tokenizer_vocab_size=600)
+                           save_total_limit=None, dropout=None, tokenizer_vocab_size=600, bf16=None)
     results = run_training(*parse_arguments([str(REPO / "configs" / "gpu-en-es.yaml"), *flags]), MODEL_CARD_TEMPLATE)
     assert results["averaged_checkpoints"] == ["checkpoint-2", "checkpoint-4"]
     config = json.loads((tmp_path / "config.json").read_text())
     assert (config["dropout"], config["attention_dropout"], config["activation_dropout"]) == (0.3, 0.1, 0.1)
     assert results["train_steps"] == 4 and results["train_loss"] > 0
     assert "; bf16 mixed precision; wall time" in (tmp_path / "README.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------------ the precision
+
+AVX512_BF16, AMX, NO_BF16_UNITS = {"avx512f", "avx512_bf16"}, {"avx512f", "avx512_bf16", "amx_tile"}, {"avx512f"}
+CPU, GPU = torch.device("cpu"), torch.device("cuda")
+
+
+@pytest.fixture
+def cpu_flags(monkeypatch):
+    """Fakes the CPU's feature flags (/proc/cpuinfo) as the precision rule sees them."""
+    def fake(flags):
+        monkeypatch.setattr(arguments, "cpu_model_and_flags", lambda: ("a test CPU", set(flags)))
+    return fake
+
+
+@pytest.mark.parametrize("flags, device, given, bf16, budget", [
+    (AVX512_BF16, CPU, [], True, BF16_CPU_STEP_BUDGET),  # measured to pay: bf16, 1.2x the steps
+    (AMX, CPU, [], False, DEFAULT_STEP_BUDGET),  # unmeasured there
+    (NO_BF16_UNITS, CPU, [], False, DEFAULT_STEP_BUDGET),
+    (AVX512_BF16, GPU, [], False, DEFAULT_STEP_BUDGET),  # a GPU's precision comes from its config
+    (AVX512_BF16, CPU, ["--bf16", "false"], False, DEFAULT_STEP_BUDGET),
+    (AVX512_BF16, CPU, ["--fp16"], False, DEFAULT_STEP_BUDGET),
+    (AVX512_BF16, CPU, ["--bf16"], True, BF16_CPU_STEP_BUDGET),
+    (NO_BF16_UNITS, CPU, ["--bf16", "true"], True, DEFAULT_STEP_BUDGET),  # asked for, but no faster: no more steps
+], ids=["avx512_bf16", "amx", "no_units", "gpu", "bf16_false", "fp16", "bf16_given", "bf16_without_units"])
+def test_bf16_is_the_default_only_where_it_was_measured_to_pay(cpu_flags, flags, device, given, bf16, budget):
+    cpu_flags(flags)
+    _, _, args = parse_arguments(given)
+    line = choose_precision(args, device)
+    assert args.bf16 is bf16 and step_budget(args, device) == budget
+    assert (line is not None) == (bf16 and not given)  # said when chosen, not when asked for
+    length = run_length(args, steps_per_epoch=1108, budget=step_budget(args, device))
+    assert length.total_steps == budget and f"at most {budget:,} steps" in length.describe()
+    assert run_length(RunArguments(max_steps=8, bf16=bf16), 1108, budget).total_steps == 8  # --max_steps wins
+
+
+@pytest.mark.parametrize("flags, steps, precision", [(AVX512_BF16, BF16_CPU_STEP_BUDGET, "bf16 mixed precision"),
+                                                     (NO_BF16_UNITS, DEFAULT_STEP_BUDGET, "fp32")],
+                         ids=["avx512_bf16", "no_units"])
+def test_a_run_without_precision_flags_follows_the_cpu(cpu_flags, flags, steps, precision, tmp_path, caplog,
+                                                       fresh_accelerator_state):
+    """A real run with neither --bf16 nor --max_steps: its precision and its run-length rule's budget (stopped at
+    once by --max_train_minutes; many short batches so that 100 epochs are more than the budget)."""
+    cpu_flags(flags)
+    with caplog.at_level(logging.INFO, logger="hf_scratch_transformer"):
+        run_tiny(tmp_path, bf16=None, max_steps=None, max_tokens=128, max_train_minutes=0.002, eval_steps=0,
+                 save_steps=0, max_eval_samples=2, max_predict_samples=2, num_beams=1, eval_max_new_tokens=2)
+    logged = " ".join(record.getMessage() for record in caplog.records)
+    assert f"training for {steps:,} steps" in logged and f"at most {steps:,} steps" in logged
+    assert ("this CPU has AVX-512 BF16" in logged) == (precision != "fp32")
+    assert f"; {precision}; wall time" in (tmp_path / "README.md").read_text()

@@ -70,6 +70,17 @@ def test_resume_with_another_model_config_is_refused(finished_run, tmp_path, cap
     assert digests(run_dir / "checkpoint-4") == before and saved_files(run_dir) == saved_files(finished_run)
 
 
+def test_resume_in_another_precision_is_refused(finished_run, tmp_path, capsys, fresh_accelerator_state):
+    """The precision sets the run-length rule's steps on a CPU (arguments.step_budget), hence the schedule: a run
+    trained in fp32 is not continued in bf16 (as when a checkpoint moves to a CPU where bf16 is the default)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    before = digests(run_dir / "checkpoint-4")
+    message = fails_with(tiny_run_flags(run_dir, max_steps=6, resume_from_checkpoint="latest", bf16=True), capsys)
+    assert "checkpoint-4 was trained with other settings (--bf16 False -> True)" in message
+    assert digests(run_dir / "checkpoint-4") == before
+
+
 def test_resume_from_a_half_copied_checkpoint_is_refused(finished_run, tmp_path, capsys):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)
