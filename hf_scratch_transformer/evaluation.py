@@ -5,6 +5,7 @@ import json
 import logging
 import math
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import evaluate
@@ -20,6 +21,21 @@ from .translation_core import DecodingOptions, TorchBackend, translate_batches
 logger = logging.getLogger("hf_scratch_transformer")
 
 METRICS_DIR = Path(__file__).resolve().parent / "metrics"
+
+
+@contextmanager
+def as_saved(model):
+    """`model` (unwrapped) as it is saved and as users load it: in fp32, without the mixed-precision autocast wrapper
+    that Accelerate puts on its `forward` for training (an instance attribute beside `_original_forward`), put back
+    after. So --bf16 / --fp16 runs validate and score their test split as the saved weights translate."""
+    wrapped = model.__dict__.get("forward") if "_original_forward" in model.__dict__ else None
+    if wrapped is not None:
+        del model.forward  # the class's forward: the saved model's
+    try:
+        yield model
+    finally:
+        if wrapped is not None:
+            model.forward = wrapped
 
 
 def load_metric(name: str) -> evaluate.EvaluationModule:
@@ -120,12 +136,12 @@ class Evaluator:
         row = {}
         if self.is_main:
             started = time.perf_counter()
-            model = self.accelerator.unwrap_model(self.model).eval()  # no dropout while validating
-            loss = evaluation_loss(model, self._batches("validation"), self.accelerator.device)
-            scores, _ = evaluate_translations(model, self.tokenizer, self.data.eval_sources,
-                                              self.data.eval_references, num_beams=1,
-                                              description=f"validation, step {state.global_step}",
-                                              **self._decoding_options())
+            with as_saved(self.accelerator.unwrap_model(self.model).eval()) as model:  # no dropout either
+                loss = evaluation_loss(model, self._batches("validation"), self.accelerator.device)
+                scores, _ = evaluate_translations(model, self.tokenizer, self.data.eval_sources,
+                                                  self.data.eval_references, num_beams=1,
+                                                  description=f"validation, step {state.global_step}",
+                                                  **self._decoding_options())
             model.train(self.args.do_train)
             row = {"step": state.global_step, "eval_loss": round(loss, 4), "eval_bleu": scores["bleu"],
                    "eval_chrf": scores["chrf"], "eval_gen_len": scores["gen_len"],
@@ -144,11 +160,11 @@ class Evaluator:
         comparison, greedy decoding (`predict_*_greedy`), on the main process."""
         results = {}
         if self.is_main and self.data.test_sources:
-            model = self.accelerator.unwrap_model(self.model).eval()
-            results["predict_loss"] = round(
-                evaluation_loss(model, self._batches("test"), self.accelerator.device), 4)
-            for beams in sorted({1, self.args.num_beams}):
-                results.update(self._test_decoding(model, beams))
+            with as_saved(self.accelerator.unwrap_model(self.model).eval()) as model:
+                results["predict_loss"] = round(
+                    evaluation_loss(model, self._batches("test"), self.accelerator.device), 4)
+                for beams in sorted({1, self.args.num_beams}):
+                    results.update(self._test_decoding(model, beams))
             results["predict_samples"] = len(self.data.test_sources)
             results["predict_samples_per_second"] = round(
                 len(self.data.test_sources) / max(results["predict_runtime"], 1e-9), 3)

@@ -550,6 +550,7 @@ class TrainingLoop:
             "train_tokens": state.train_tokens,
             "train_tokens_per_second": round(state.train_tokens / max(state.train_seconds, 1e-9), 1),
             "train_padding_fraction": self.batches.padding_fraction(),
+            "train_precision": "bf16" if self.args.bf16 else "fp16" if self.args.fp16 else "fp32",
             **({"train_cpu_threads": self.threads.current, "train_cpu_thread_changes": self.threads.changes}
                if self.threads is not None else {}),
             "stop_reason": state.stop_reason,

@@ -140,7 +140,9 @@ def cpu_flags(monkeypatch):
     (AVX512_BF16, CPU, ["--fp16"], False, DEFAULT_STEP_BUDGET),
     (AVX512_BF16, CPU, ["--bf16"], True, BF16_CPU_STEP_BUDGET),
     (NO_BF16_UNITS, CPU, ["--bf16", "true"], True, DEFAULT_STEP_BUDGET),  # asked for, but no faster: no more steps
-], ids=["avx512_bf16", "amx", "no_units", "gpu", "bf16_false", "fp16", "bf16_given", "bf16_without_units"])
+    (AVX512_BF16, CPU, ["--do_eval", "--do_predict"], False, DEFAULT_STEP_BUDGET),  # no training: nothing to gain
+], ids=["avx512_bf16", "amx", "no_units", "gpu", "bf16_false", "fp16", "bf16_given", "bf16_without_units",
+        "evaluation_only"])
 def test_bf16_is_the_default_only_where_it_was_measured_to_pay(cpu_flags, flags, device, given, bf16, budget):
     cpu_flags(flags)
     _, _, args = parse_arguments(given)
@@ -161,9 +163,29 @@ def test_a_run_without_precision_flags_follows_the_cpu(cpu_flags, flags, steps, 
     once by --max_train_minutes; many short batches so that 100 epochs are more than the budget)."""
     cpu_flags(flags)
     with caplog.at_level(logging.INFO, logger="hf_scratch_transformer"):
-        run_tiny(tmp_path, bf16=None, max_steps=None, max_tokens=128, max_train_minutes=0.002, eval_steps=0,
-                 save_steps=0, max_eval_samples=2, max_predict_samples=2, num_beams=1, eval_max_new_tokens=2)
+        results = run_tiny(tmp_path, bf16=None, max_steps=None, max_tokens=128, max_train_minutes=0.002, eval_steps=0,
+                           save_steps=0, max_eval_samples=2, max_predict_samples=2, num_beams=1, eval_max_new_tokens=2)
     logged = " ".join(record.getMessage() for record in caplog.records)
     assert f"training for {steps:,} steps" in logged and f"at most {steps:,} steps" in logged
     assert ("this CPU has AVX-512 BF16" in logged) == (precision != "fp32")
     assert f"; {precision}; wall time" in (tmp_path / "README.md").read_text()
+    assert results["train_precision"] == precision.split()[0]  # all_results.json records it too
+
+
+def test_a_mixed_precision_run_validates_and_tests_its_weights_as_saved(tmp_path, fresh_accelerator_state):
+    """bf16 trains under autocast; validation (mid-run too) and the test scores decode in fp32, as the saved model
+    translates for its users, and training goes on in bf16 after a validation. Layer outputs by training mode."""
+    dtypes = {True: set(), False: set()}
+
+    def record(module, inputs, output):
+        if isinstance(module, torch.nn.Linear):
+            dtypes[module.training].add(output.dtype)
+
+    hook = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        results = run_tiny(tmp_path, bf16=True, max_steps=8, eval_steps=4, save_steps=0)
+    finally:
+        hook.remove()
+    assert results["train_precision"] == "bf16" and results["train_steps"] == 8
+    assert dtypes[True] == {torch.bfloat16}  # every training step, before and after the step-4 validation
+    assert dtypes[False] == {torch.float32}  # validation and test
