@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator, PartialState
+from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -77,9 +78,14 @@ def start_accelerator(args, output_dir: Path) -> Accelerator:
     processes = PartialState(cpu=cpu)  # the device, before Accelerator's precision is fixed
     if (precision := choose_precision(args, processes.device)) and processes.is_main_process:
         logger.info(precision)
+    mixed_precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+    # Accelerate keeps one precision per process and refuses another: a process that runs train.py's main again (a
+    # notebook, the tests) in another precision starts Accelerate's state afresh, keeping the launched processes.
+    if AcceleratorState._shared_state.get("_mixed_precision", mixed_precision) != mixed_precision:
+        AcceleratorState._reset_state(reset_partial_state=False)
     accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
-        mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
+        mixed_precision=mixed_precision,
         log_with=trackers(args) or None,
         project_dir=str(output_dir),
         cpu=cpu,

@@ -153,7 +153,7 @@ def tiny_flags(output_dir, **overrides) -> list[str]:
              "max_predict_samples": 4, "tokenizer_vocab_size": 400, "max_tokens": 512, "max_source_length": 64,
              "max_target_length": 64, "max_steps": 4, "logging_steps": 2, "save_steps": 2, "eval_steps": 0,
              "warmup_steps": 2, "eval_max_new_tokens": 8, "num_beams": 1, "report_to": "none",
-             "max_position_embeddings": 128}
+             "max_position_embeddings": 128, "bf16": False}  # fp32 on every CPU (the default follows its bf16 units)
     from hf_scratch_transformer.arguments import flags_to_argv
 
     # "{run}" in a value stands for the output directory (resume cases name a checkpoint inside it)

@@ -37,16 +37,6 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture
-def fresh_accelerator_state():
-    """Accelerate keeps one state per process; a test whose run trains in bf16 (the others: fp32) needs its own."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
 # ------------------------------------------------------------------------------------------ a few sentence pairs
 
 

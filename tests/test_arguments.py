@@ -105,7 +105,7 @@ def test_every_shipped_training_config_parses(config):
     assert args.output_dir.startswith("outputs/")
 
 
-def test_the_gpu_recipe_runs_its_code_paths_on_a_cpu(tmp_path, fresh_accelerator_state):
+def test_the_gpu_recipe_runs_its_code_paths_on_a_cpu(tmp_path):
     """configs/gpu-en-es.yaml's options (bf16, averaging, dropouts, loader workers), shrunk to a tiny run."""
     flags = tiny_run_flags(tmp_path, max_steps=4, save_steps=2, eval_steps=0, num_beams=1, do_train=True,
                            save_total_limit=None, dropout=None, tokenizer_vocab_size=600, bf16=None)
@@ -157,8 +157,7 @@ def test_bf16_is_the_default_only_where_it_was_measured_to_pay(cpu_flags, flags,
 @pytest.mark.parametrize("flags, steps, precision", [(AVX512_BF16, BF16_CPU_STEP_BUDGET, "bf16 mixed precision"),
                                                      (NO_BF16_UNITS, DEFAULT_STEP_BUDGET, "fp32")],
                          ids=["avx512_bf16", "no_units"])
-def test_a_run_without_precision_flags_follows_the_cpu(cpu_flags, flags, steps, precision, tmp_path, caplog,
-                                                       fresh_accelerator_state):
+def test_a_run_without_precision_flags_follows_the_cpu(cpu_flags, flags, steps, precision, tmp_path, caplog):
     """A real run with neither --bf16 nor --max_steps: its precision and its run-length rule's budget (stopped at
     once by --max_train_minutes; many short batches so that 100 epochs are more than the budget)."""
     cpu_flags(flags)
@@ -172,7 +171,7 @@ def test_a_run_without_precision_flags_follows_the_cpu(cpu_flags, flags, steps, 
     assert results["train_precision"] == precision.split()[0]  # all_results.json records it too
 
 
-def test_a_mixed_precision_run_validates_and_tests_its_weights_as_saved(tmp_path, fresh_accelerator_state):
+def test_a_mixed_precision_run_validates_and_tests_its_weights_as_saved(tmp_path):
     """bf16 trains under autocast; validation (mid-run too) and the test scores decode in fp32, as the saved model
     translates for its users, and training goes on in bf16 after a validation. Layer outputs by training mode."""
     dtypes = {True: set(), False: set()}
@@ -189,3 +188,12 @@ def test_a_mixed_precision_run_validates_and_tests_its_weights_as_saved(tmp_path
     assert results["train_precision"] == "bf16" and results["train_steps"] == 8
     assert dtypes[True] == {torch.bfloat16}  # every training step, before and after the step-4 validation
     assert dtypes[False] == {torch.float32}  # validation and test
+
+
+def test_one_process_trains_in_one_precision_then_another(tmp_path):
+    """Accelerate keeps one precision per process and refuses another; train.py's main called again in the same
+    process (a notebook) with another precision gets it."""
+    quick = dict(max_steps=2, save_steps=0, eval_steps=0, do_train=True)
+    precisions = [run_tiny(tmp_path / name, bf16=bf16, **quick)["train_precision"]
+                  for name, bf16 in (("first", False), ("second", True), ("third", False))]
+    assert precisions == ["fp32", "bf16", "fp32"]

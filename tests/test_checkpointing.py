@@ -70,7 +70,7 @@ def test_resume_with_another_model_config_is_refused(finished_run, tmp_path, cap
     assert digests(run_dir / "checkpoint-4") == before and saved_files(run_dir) == saved_files(finished_run)
 
 
-def test_resume_in_another_precision_is_refused(finished_run, tmp_path, capsys, fresh_accelerator_state):
+def test_resume_in_another_precision_is_refused(finished_run, tmp_path, capsys):
     """The precision sets the run-length rule's steps on a CPU (arguments.step_budget), hence the schedule: a run
     trained in fp32 is not continued in bf16 (as when a checkpoint moves to a CPU where bf16 is the default)."""
     run_dir = tmp_path / "run"
