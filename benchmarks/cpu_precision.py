@@ -45,10 +45,11 @@ def matmul_seconds(shape: tuple[int, int, int], dtype: torch.dtype) -> float:
     return time_call(lambda: a @ b, repeats=20, warmup=3)
 
 
-def measure(threads: int, batches: list[dict], held_out: dict, vocab_size: int, passes: int) -> dict:
+def measure(threads: int, batches: list[dict], held_out: dict, vocab_size: int, passes: int,
+            preset: str = "small") -> dict:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    config = our_config("small", vocab_size=vocab_size)
+    config = our_config(preset, vocab_size=vocab_size)
     models = {"fp32": ScratchTransformerForConditionalGeneration(config).train()}
     models["bf16"] = ScratchTransformerForConditionalGeneration(config).train()
     models["bf16"].load_state_dict(models["fp32"].state_dict())
@@ -62,7 +63,8 @@ def measure(threads: int, batches: list[dict], held_out: dict, vocab_size: int, 
     with torch.no_grad():
         losses = {name: round(float(model.eval()(**held_out).loss), 4) for name, model in models.items()}
     matmuls = {}
-    for label, shape in (("model shape 1024x256 @ 256x1024", (1024, 256, 1024)), ("square 2048", (2048,) * 3)):
+    width = config.d_model
+    for label, shape in ((f"model shape 1024x{width} @ {width}x1024", (1024, width, 1024)), ("square 2048", (2048,) * 3)):
         fp32, bf16 = matmul_seconds(shape, torch.float32), matmul_seconds(shape, torch.bfloat16)
         matmuls[label] = {"fp32_seconds": fp32, "bf16_seconds": bf16, "bf16_speedup": fp32 / bf16}
     return {"threads": threads, "seconds_per_pass": seconds,
@@ -77,7 +79,7 @@ def render(results: dict) -> str:
              machine_line(machine) + f" AMX: {'yes' if machine['amx'] else 'no'}; AVX-512 BF16: "
              f"{'yes' if results['avx512_bf16'] else 'no'}. Load average before {results['load_before']}, after "
              f"{machine['loadavg']}. {results['note']}", "",
-             f"`small` preset, BPE {results['vocab_size']:,}, {results['batches']} train.py batches of "
+             f"`{results.get('preset', 'small')}` preset, BPE {results['vocab_size']:,}, {results['batches']} train.py batches of "
              f"{results['max_tokens']:,} tokens per pass, {results['passes']} passes per precision in alternation "
              "(ABAB); speed-up = fp32 seconds / bf16 seconds of adjacent passes (median, min-max). "
              "Loss: label-smoothed "
@@ -101,16 +103,19 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=6, help="timed passes per precision (ABAB)")
     parser.add_argument("--max_tokens", type=int, default=1024)
     parser.add_argument("--vocab_size", type=int, default=4000)
+    parser.add_argument("--preset", default="small", help="model size (results: cpu_precision.json for small, "
+                        "cpu_precision_PRESET.json for the others)")
     parser.add_argument("--note", default="", help="what else ran on the machine")
     args = parser.parse_args()
     disable_progress_bars()
     load_before = machine_info(0)["loadavg"]
     batches, vocab_size, _ = train_py_batches(args.batches + 1, args.max_tokens, args.vocab_size, spread=True)
-    rows = [measure(threads, batches[:-1], batches[-1], vocab_size, args.passes) for threads in args.threads]
+    rows = [measure(threads, batches[:-1], batches[-1], vocab_size, args.passes, args.preset) for threads in args.threads]
     results = {"machine": machine_info(max(args.threads)), "avx512_bf16": "avx512_bf16" in cpu_model_and_flags()[1],
                "load_before": load_before, "note": args.note, "vocab_size": vocab_size, "batches": args.batches,
-               "max_tokens": args.max_tokens, "passes": args.passes, "rows": rows}
-    write_results(results, RESULTS / "cpu_precision.json", render(results))
+               "max_tokens": args.max_tokens, "passes": args.passes, "preset": args.preset, "rows": rows}
+    name = "cpu_precision" + ("" if args.preset == "small" else f"_{args.preset}")
+    write_results(results, RESULTS / f"{name}.json", render(results))
     print(render(results))
 
 

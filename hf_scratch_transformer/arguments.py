@@ -42,6 +42,10 @@ DEFAULT_STEP_BUDGET = 3600
 # run-length rule 1.2x the steps, the same 30 minutes: 4,320 steps reached validation BLEU 22.42 / 21.84 (seeds 42 / 7)
 # where fp32's 3,600 had 21.31 / 21.38 (benchmarks/results/recipe_ablation.md, stage 4).
 BF16_CPU_STEP_BUDGET = 4320
+# ... for a new model at least this wide: the `tiny` preset (width 64) trained 0.74x as fast in bf16 on that CPU
+# (casts outweigh its small matrix products); `small` (256) 1.27x and `base` (512) 1.75x at 2 threads
+# (benchmarks/results/cpu_precision*.md). A model given to --model_name_or_path keeps fp32 unless --bf16.
+BF16_CPU_MIN_WIDTH = 256
 DEFAULT_MAX_EPOCHS = 100
 DEFAULT_PATIENCE = 3
 MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS = 200, 2000
@@ -353,14 +357,16 @@ def bf16_pays_on(device: torch.device) -> bool:
     return "avx512_bf16" in flags and "amx_tile" not in flags
 
 
-def choose_precision(args: RunArguments, device: torch.device) -> str | None:
-    """Settles --bf16 when it was not given: on for training where bf16_pays_on(device) and --fp16 was not given,
-    else off (evaluation decodes in fp32 anyway). Returns a line to log when bf16 was chosen that way."""
+def choose_precision(args: RunArguments, device: torch.device, new_model_width: int | None) -> str | None:
+    """Settles --bf16 when it was not given: on for training a new model at least BF16_CPU_MIN_WIDTH wide (None: a
+    model given to --model_name_or_path) where bf16_pays_on(device) and --fp16 was not given, else off (evaluation
+    decodes in fp32 anyway). Returns a line to log when bf16 was chosen that way."""
     if args.bf16 is not None:
         return None
-    args.bf16 = args.do_train and not args.fp16 and bf16_pays_on(device)
+    wide_enough = new_model_width is not None and new_model_width >= BF16_CPU_MIN_WIDTH
+    args.bf16 = args.do_train and not args.fp16 and wide_enough and bf16_pays_on(device)
     return (f"bf16 mixed precision: this CPU has AVX-512 BF16 (and no AMX), where bf16 trains 1.2x faster at the "
-            f"same BLEU (the run-length rule's budget: {BF16_CPU_STEP_BUDGET:,} steps); --bf16 false trains in fp32"
+            f"same BLEU (so the run-length rule allows {BF16_CPU_STEP_BUDGET:,} steps); --bf16 false trains in fp32"
             if args.bf16 else None)
 
 

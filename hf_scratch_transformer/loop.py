@@ -67,16 +67,17 @@ def trackers(args) -> list[str]:
     return [name.strip() for name in args.report_to.split(",") if name.strip() not in ("", "none")]
 
 
-def start_accelerator(args, output_dir: Path) -> Accelerator:
+def start_accelerator(args, output_dir: Path, new_model_width: int | None = None) -> Accelerator:
     """Accelerate for the launched processes (refused if it does not join them all; collectives wait at most
-    --ddp_timeout seconds, and a heartbeat lets a failed one name the lost process); on a CPU, every core used."""
+    --ddp_timeout seconds, and a heartbeat lets a failed one name the lost process); on a CPU, every core used; the
+    precision settled (arguments.choose_precision: the width of a new model, None for a loaded one)."""
     world_size = launched_world_size()
     # torchrun-style launch on a machine without GPUs: one CPU process per rank over gloo (MULTI_CPU).
     cpu = world_size > 1 and not torch.cuda.is_available()
     if world_size > 1:
         start_process_group(cpu, args.ddp_timeout)
     processes = PartialState(cpu=cpu)  # the device, before Accelerator's precision is fixed
-    if (precision := choose_precision(args, processes.device)) and processes.is_main_process:
+    if (precision := choose_precision(args, processes.device, new_model_width)) and processes.is_main_process:
         logger.info(precision)
     mixed_precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
     # Accelerate keeps one precision per process and refuses another: a process that runs train.py's main again (a

@@ -160,7 +160,8 @@ def _start(model_args: ModelArguments, data_args: DataArguments, args: RunArgume
     check_values(model_args, data_args, args)
     _quiet_libraries(args.verbose)
     claim_output_dir(args, lock if launched_rank() == 0 else None)  # the main process, before Accelerate
-    return start_accelerator(args, Path(args.output_dir))
+    width = None if model_args.model_name_or_path else model_args.build_config(data_args.tokenizer_vocab_size).d_model
+    return start_accelerator(args, Path(args.output_dir), width)
 
 
 def _prepare_output_dir(data_args: DataArguments, args: RunArguments, output_dir: Path, accelerator) -> Path | None:

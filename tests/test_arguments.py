@@ -146,12 +146,22 @@ def cpu_flags(monkeypatch):
 def test_bf16_is_the_default_only_where_it_was_measured_to_pay(cpu_flags, flags, device, given, bf16, budget):
     cpu_flags(flags)
     _, _, args = parse_arguments(given)
-    line = choose_precision(args, device)
+    line = choose_precision(args, device, new_model_width=256)  # the small preset, where it was measured
     assert args.bf16 is bf16 and step_budget(args, device) == budget
     assert (line is not None) == (bf16 and not given)  # said when chosen, not when asked for
     length = run_length(args, steps_per_epoch=1108, budget=step_budget(args, device))
     assert length.total_steps == budget and f"at most {budget:,} steps" in length.describe()
     assert run_length(RunArguments(max_steps=8, bf16=bf16), 1108, budget).total_steps == 8  # --max_steps wins
+
+
+@pytest.mark.parametrize("width, bf16", [(64, False), (256, True), (512, True), (None, False)],
+                         ids=["tiny", "small", "base", "loaded_model"])
+def test_the_default_bf16_needs_a_new_model_wide_enough(cpu_flags, width, bf16):
+    """The tiny preset trained slower in bf16 (casts outweigh its small products); a loaded model keeps fp32."""
+    cpu_flags(AVX512_BF16)
+    _, _, args = parse_arguments([])
+    choose_precision(args, CPU, new_model_width=width)
+    assert args.bf16 is bf16
 
 
 @pytest.mark.parametrize("flags, steps, precision", [(AVX512_BF16, BF16_CPU_STEP_BUDGET, "bf16 mixed precision"),
@@ -162,8 +172,9 @@ def test_a_run_without_precision_flags_follows_the_cpu(cpu_flags, flags, steps, 
     once by --max_train_minutes; many short batches so that 100 epochs are more than the budget)."""
     cpu_flags(flags)
     with caplog.at_level(logging.INFO, logger="hf_scratch_transformer"):
-        results = run_tiny(tmp_path, bf16=None, max_steps=None, max_tokens=128, max_train_minutes=0.002, eval_steps=0,
-                           save_steps=0, max_eval_samples=2, max_predict_samples=2, num_beams=1, eval_max_new_tokens=2)
+        results = run_tiny(tmp_path, bf16=None, d_model=256, max_steps=None, max_tokens=128, max_train_minutes=0.002,
+                           eval_steps=0, save_steps=0, max_eval_samples=2, max_predict_samples=2, num_beams=1,
+                           eval_max_new_tokens=2)  # the small preset's width: the tiny preset stays fp32
     logged = " ".join(record.getMessage() for record in caplog.records)
     assert f"training for {steps:,} steps" in logged and f"at most {steps:,} steps" in logged
     assert ("this CPU has AVX-512 BF16" in logged) == (precision != "fp32")
