@@ -42,7 +42,7 @@ DEFAULT_STEP_BUDGET = 3600
 # run-length rule 1.2x the steps, the same 30 minutes: 4,320 steps reached validation BLEU 22.42 / 21.84 (seeds 42 / 7)
 # where fp32's 3,600 had 21.31 / 21.38 (benchmarks/results/recipe_ablation.md, stage 4).
 BF16_CPU_STEP_BUDGET = 4320
-# ... for a new model at least this wide: the `tiny` preset (width 64) trained 0.74x as fast in bf16 on that CPU
+# ... for a new model at least this wide: the `tiny` preset (width 64) trained 0.76x as fast in bf16 on that CPU
 # (casts outweigh its small matrix products); `small` (256) 1.27x and `base` (512) 1.75x at 2 threads
 # (benchmarks/results/cpu_precision*.md). A model given to --model_name_or_path keeps fp32 unless --bf16.
 BF16_CPU_MIN_WIDTH = 256
@@ -374,6 +374,11 @@ def step_budget(args: RunArguments, device: torch.device) -> int:
     """The run-length rule's most steps: BF16_CPU_STEP_BUDGET in bf16 where bf16_pays_on(device), else
     DEFAULT_STEP_BUDGET (the same time on 2 CPU cores)."""
     return BF16_CPU_STEP_BUDGET if args.bf16 and bf16_pays_on(device) else DEFAULT_STEP_BUDGET
+
+
+def precision(args: RunArguments) -> str:
+    """The run's precision once settled (choose_precision): "bf16", "fp16" or "fp32"."""
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
 
 
 def best_model_metric(args: RunArguments) -> str:

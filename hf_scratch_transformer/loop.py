@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from .arguments import choose_precision, run_length, step_budget
+from .arguments import choose_precision, precision, run_length, step_budget
 from .checkpointing import RunState, load_checkpoint, resume_settings
 from .cpu_threads import thread_tuner
 from .data import make_batch_sampler, padding_fraction, sequence_lengths
@@ -77,9 +77,9 @@ def start_accelerator(args, output_dir: Path, new_model_width: int | None = None
     if world_size > 1:
         start_process_group(cpu, args.ddp_timeout)
     processes = PartialState(cpu=cpu)  # the device, before Accelerator's precision is fixed
-    if (precision := choose_precision(args, processes.device, new_model_width)) and processes.is_main_process:
-        logger.info(precision)
-    mixed_precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+    if (chosen := choose_precision(args, processes.device, new_model_width)) and processes.is_main_process:
+        logger.info(chosen)
+    mixed_precision = {"fp32": "no"}.get(precision(args), precision(args))
     # Accelerate keeps one precision per process and refuses another: a process that runs train.py's main again (a
     # notebook, the tests) in another precision starts Accelerate's state afresh, keeping the launched processes.
     if AcceleratorState._shared_state.get("_mixed_precision", mixed_precision) != mixed_precision:
@@ -557,7 +557,7 @@ class TrainingLoop:
             "train_tokens": state.train_tokens,
             "train_tokens_per_second": round(state.train_tokens / max(state.train_seconds, 1e-9), 1),
             "train_padding_fraction": self.batches.padding_fraction(),
-            "train_precision": "bf16" if self.args.bf16 else "fp16" if self.args.fp16 else "fp32",
+            "train_precision": precision(self.args),
             **({"train_cpu_threads": self.threads.current, "train_cpu_thread_changes": self.threads.changes}
                if self.threads is not None else {}),
             "stop_reason": state.stop_reason,

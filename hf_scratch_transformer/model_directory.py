@@ -15,6 +15,7 @@ import torch
 import transformers
 from huggingface_hub import HfApi
 
+from .arguments import precision
 from .cpu_threads import cpu_model_and_flags
 from .data import SHIPPED_DATASET_ID
 from .errors import TrainingFault
@@ -130,7 +131,7 @@ def model_card(template: str | Path, *, model, model_args, data_args, args, resu
 
 
 def _precision(args) -> str:
-    return "bf16 mixed precision" if args.bf16 else "fp16 mixed precision" if args.fp16 else "fp32"
+    return "fp32" if precision(args) == "fp32" else f"{precision(args)} mixed precision"
 
 
 def _training_noise(args) -> str:
