@@ -72,7 +72,7 @@ class ScratchTransformerConfig(PreTrainedConfig):
     """
 
     model_type = "scratch_transformer"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache"]
     attribute_map = {
         "hidden_size": "d_model",
         "num_attention_heads": "encoder_attention_heads",

@@ -36,6 +36,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import TransformersKwargs, can_return_tuple
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
@@ -144,36 +145,36 @@ class MultiHeadAttention(nn.Module):
         batch_size, length, _ = projected.shape
         return projected.view(batch_size, length, self.num_heads, self.head_dim).transpose(1, 2)
 
-    def layer_cache(self, past_key_values: Cache | None) -> Cache | None:
+    def layer_cache(self, cache: Cache | None) -> Cache | None:
         """This attention's cache: an EncoderDecoderCache holds one for self- and one for cross-attention."""
-        if not isinstance(past_key_values, EncoderDecoderCache):
-            return past_key_values
+        if not isinstance(cache, EncoderDecoderCache):
+            return cache
         if self.is_cross_attention:
-            return past_key_values.cross_attention_cache
-        return past_key_values.self_attention_cache
+            return cache.cross_attention_cache
+        return cache.self_attention_cache
 
     def forward(
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """hidden_states (B, T, D) [, encoder_hidden_states (B, S, D)] -> (B, T, D), weights (B, H, T, K) or None."""
         batch_size, length, _ = hidden_states.shape
         query = self.split_heads(self.q_proj(hidden_states))  # (B, H, T, Dh)
         keys_from = encoder_hidden_states if self.is_cross_attention else hidden_states  # (B, S or T, D)
-        cache = self.layer_cache(past_key_values)
-        if self.is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+        own_cache = self.layer_cache(cache)
+        if self.is_cross_attention and own_cache is not None and cache.is_updated.get(self.layer_idx):
             # The encoder output does not change while decoding: its K/V were projected at the first step.
-            key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+            key, value = own_cache.layers[self.layer_idx].keys, own_cache.layers[self.layer_idx].values
         else:
             key, value = self.split_heads(self.k_proj(keys_from)), self.split_heads(self.v_proj(keys_from))
-            if cache is not None:
-                key, value = cache.update(key, value, self.layer_idx)  # (B, H, K, Dh)
+            if own_cache is not None:
+                key, value = own_cache.update(key, value, self.layer_idx)  # (B, H, K, Dh)
                 if self.is_cross_attention:
-                    past_key_values.is_updated[self.layer_idx] = True
+                    cache.is_updated[self.layer_idx] = True
 
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -278,19 +279,19 @@ class ScratchDecoderLayer(AddAndNorm):
         self_attention_mask: torch.Tensor | None,
         encoder_hidden_states: torch.Tensor,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         """hidden_states (B, T, D) over encoder_hidden_states (B, S, D) -> (B, T, D)."""
         attention_output, _ = self.self_attn(
             self.sublayer_input(hidden_states, self.self_attn_layer_norm),
-            attention_mask=self_attention_mask, past_key_values=past_key_values, **kwargs,
+            attention_mask=self_attention_mask, cache=cache, **kwargs,
         )
         hidden_states = self.add_and_norm(hidden_states, attention_output, self.self_attn_layer_norm)
         attention_output, _ = self.cross_attn(
             self.sublayer_input(hidden_states, self.cross_attn_layer_norm),
             attention_mask=encoder_attention_mask, encoder_hidden_states=encoder_hidden_states,
-            past_key_values=past_key_values, **kwargs,
+            cache=cache, **kwargs,
         )
         hidden_states = self.add_and_norm(hidden_states, attention_output, self.cross_attn_layer_norm)
         ffn_output = self.feed_forward(self.sublayer_input(hidden_states, self.final_layer_norm))
@@ -421,13 +422,14 @@ class ScratchDecoder(TransformerStack):
 
     layer_class, num_layers_field = ScratchDecoderLayer, "decoder_layers"
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # transformers' name before 5.24
     @merge_with_config_defaults
     @capture_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None, encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None, inputs_embeds: torch.Tensor | None = None,
+        cache: Cache | None = None, inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None, **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         """input_ids (B, T) over the encoder output (B, S, D) -> last_hidden_state (B, T, D) and the cache.
@@ -436,17 +438,15 @@ class ScratchDecoder(TransformerStack):
         """
         inputs_embeds = self.token_embeddings(input_ids, inputs_embeds,
                                               "`decoder_input_ids` and `decoder_inputs_embeds` to the decoder")
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_length = cache.get_seq_length() if cache is not None else 0
 
         hidden_states = self.embed(inputs_embeds, offset=past_length)
-        self_attention_cache = (
-            past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else past_key_values
-        )
+        self_attention_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         causal_mask = create_causal_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-            past_key_values=self_attention_cache,
+            cache=self_attention_cache,
         )
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=encoder_attention_mask,
@@ -458,11 +458,11 @@ class ScratchDecoder(TransformerStack):
                 causal_mask,
                 encoder_hidden_states,  # positional, for gradient checkpointing
                 encoder_attention_mask=encoder_attention_mask,
-                past_key_values=past_key_values if use_cache else None,
+                cache=cache if use_cache else None,
                 **kwargs,
             )
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=self.final_norm(hidden_states), past_key_values=past_key_values if use_cache else None
+            last_hidden_state=self.final_norm(hidden_states), cache=cache if use_cache else None
         )
 
 
@@ -496,19 +496,20 @@ class ScratchTransformerModel(ScratchTransformerPreTrainedModel):
         else:
             self.encoder.embed_tokens = value
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
         decoder_input_ids: torch.LongTensor | None = None, decoder_attention_mask: torch.Tensor | None = None,
-        encoder_outputs: BaseModelOutput | tuple | None = None, past_key_values: Cache | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None, cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None, decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None, **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         """Encode the source (unless `encoder_outputs` are given) and decode the target prefix.
 
         input_ids (B, S), attention_mask (B, S) with 1 for real tokens, decoder_input_ids (B, T)
-        -> last_hidden_state (B, T, D), encoder_last_hidden_state (B, S, D), past_key_values.
+        -> last_hidden_state (B, T, D), encoder_last_hidden_state (B, S, D), cache.
         """
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
@@ -525,14 +526,14 @@ class ScratchTransformerModel(ScratchTransformerPreTrainedModel):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             **kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            cache=decoder_outputs.cache,
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -572,6 +573,7 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
             self._tied_weights_keys["lm_head.weight"] = source
         self.post_init()
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     @can_return_tuple
     def forward(
         self,
@@ -580,7 +582,7 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -605,7 +607,7 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,

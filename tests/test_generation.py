@@ -130,13 +130,13 @@ def test_cached_step_logits_equal_full_forward(trained):
     steps = []
     for position in range(decoder_ids.shape[1]):
         out = trained(encoder_outputs=encoder_outputs, decoder_input_ids=decoder_ids[:, position : position + 1],
-                      past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+                      cache=cache, use_cache=True)
+        cache = out.cache
         steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     # two tokens at once over a cache (causal mask offset by the cache length)
-    cache = trained(encoder_outputs=encoder_outputs, decoder_input_ids=decoder_ids[:, :3], use_cache=True).past_key_values
-    rest = trained(encoder_outputs=encoder_outputs, decoder_input_ids=decoder_ids[:, 3:], past_key_values=cache,
+    cache = trained(encoder_outputs=encoder_outputs, decoder_input_ids=decoder_ids[:, :3], use_cache=True).cache
+    rest = trained(encoder_outputs=encoder_outputs, decoder_input_ids=decoder_ids[:, 3:], cache=cache,
                    use_cache=True).logits
     torch.testing.assert_close(rest, full[:, 3:], atol=1e-5, rtol=1e-5)
 
