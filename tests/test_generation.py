@@ -141,6 +141,16 @@ def test_cached_step_logits_equal_full_forward(trained):
     torch.testing.assert_close(rest, full[:, 3:], atol=1e-5, rtol=1e-5)
 
 
+def test_the_cache_is_also_taken_under_its_name_before_transformers_5_24(trained):
+    source, decoder_ids = torch.tensor([[5, 6, 7, 8, 2]]), torch.tensor([[1, 9, 10, 11, 12]])
+    full = trained(input_ids=source, decoder_input_ids=decoder_ids).logits
+    prefix = trained(input_ids=source, decoder_input_ids=decoder_ids[:, :3], use_cache=True)
+    with pytest.warns(FutureWarning, match="past_key_values"):
+        rest = trained(encoder_outputs=(prefix.encoder_last_hidden_state,), decoder_input_ids=decoder_ids[:, 3:],
+                       past_key_values=prefix.cache, use_cache=True).logits
+    torch.testing.assert_close(rest, full[:, 3:], atol=1e-5, rtol=1e-5)
+
+
 def test_padded_batch_decodes_as_each_sentence_alone(trained, tiny_tokenizer, pairs):
     sources = [source for source, _ in pairs]
     batch = trained.generate(**encode(tiny_tokenizer, sources))
