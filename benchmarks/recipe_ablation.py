@@ -110,6 +110,12 @@ RUNS.update({
     "s4-dropout0.0-bf16-4320": {"lr_scheduler_type": "linear", "max_steps": 4320, "dropout": 0.0, "bf16": True},
     "s4-dropout0.0-bf16-4320-seed2": {"lr_scheduler_type": "linear", "max_steps": 4320, "dropout": 0.0, "bf16": True,
                                       "seed": 7},
+    # lower-casing alone, at half the rate, on today's default (bf16, 4,320 steps): lower-casing was the perturbation
+    # the noise run learnt best (-1.5 to -0.2), the typos cost it plain-source BLEU for little
+    "s4-dropout0.0-bf16-4320-lower0.05": {"lr_scheduler_type": "linear", "max_steps": 4320, "dropout": 0.0,
+                                          "bf16": True, "source_lowercase_rate": 0.05},
+    "s4-dropout0.0-bf16-4320-lower0.05-seed2": {"lr_scheduler_type": "linear", "max_steps": 4320, "dropout": 0.0,
+                                                "bf16": True, "source_lowercase_rate": 0.05, "seed": 7},
     # fp32 at those steps: how much of bf16-4320's gain is the steps alone (and whether it fits the budget in fp32)
     "s4-dropout0.0-4320-seed2": {"lr_scheduler_type": "linear", "max_steps": 4320, "dropout": 0.0, "seed": 7},
     # the rest of the dropout sweep: 0.3 (0.2 was already behind no dropout)
