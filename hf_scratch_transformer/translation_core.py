@@ -283,12 +283,14 @@ def strip_generated(ids: list[int], generation_config, start_token: int | None) 
 
 
 def decode_ids(tokenizer, ids: list[int] | None) -> str:
-    """One line of text: special tokens dropped, line breaks (\\n, \\r) in the output turned into spaces."""
+    """One line of text: special tokens dropped, line breaks (\\n, \\r) in the output turned into spaces, no white
+    space at either end (a byte-level model may begin with a word's mid-sentence form, " Dios", and decoding keeps
+    its space)."""
     if not ids:
         return ""
     # A translation cut by the length bound may end inside a multi-byte character: drop the replacement mark.
     text = tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
-    return text.replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
+    return text.replace("\r\n", " ").replace("\r", " ").replace("\n", " ").strip()
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -72,6 +72,28 @@ def test_on_batch_reports_the_tokens_and_seconds_of_each_batch(trained_model):
     assert sum(tokens for tokens, _ in reports) == sum(len(h.token_ids) for hypotheses in found for h in hypotheses)
 
 
+class MidSentenceStartBackend(TorchBackend):
+    """A model whose every translation begins with a word's mid-sentence form (byte-level " Dios", not "Dios"),
+    as real models sometimes do in n-best lists."""
+
+    def __init__(self, model, tokenizer):
+        super().__init__(model)
+        self.ids = tokenizer(text_target=" Dios es el amor. ")["input_ids"]  # ends with </s>
+
+    def generate(self, source_ids, bounds, num_beams, num_return_sequences, with_scores):
+        return [[(self.ids, -1.0)] * num_return_sequences for _ in source_ids]
+
+
+def test_translations_have_no_white_space_at_either_end(trained_model):
+    model, tokenizer, _ = trained_model
+    backend = MidSentenceStartBackend(model, tokenizer)
+    assert tokenizer.decode(backend.ids, skip_special_tokens=True) == " Dios es el amor. "  # what the model said
+    found = translate_batches(backend, tokenizer, ["God is love.", "", "Jesus wept."],
+                              DecodingOptions(num_beams=2, num_return_sequences=2))
+    assert [[h.text for h in hypotheses] for hypotheses in found] == [["Dios es el amor."] * 2, [],
+                                                                      ["Dios es el amor."] * 2]
+
+
 def test_the_length_cap_comes_from_the_generation_config_and_the_positions(trained_model):
     model, _, _ = trained_model
     config = model.generation_config  # max_length 32: 31 new tokens after the start token
