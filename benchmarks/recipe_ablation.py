@@ -116,6 +116,11 @@ RUNS.update({
                                           "bf16": True, "source_lowercase_rate": 0.05},
     "s4-dropout0.0-bf16-4320-lower0.05-seed2": {"lr_scheduler_type": "linear", "max_steps": 4320, "dropout": 0.0,
                                                 "bf16": True, "source_lowercase_rate": 0.05, "seed": 7},
+    # the same in fp32 at 3,600 steps (the default on CPUs without AVX-512 BF16): a default must hold on both branches
+    "s4-dropout0.0-lower0.05": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.0,
+                                "source_lowercase_rate": 0.05},
+    "s4-dropout0.0-lower0.05-seed2": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.0,
+                                      "source_lowercase_rate": 0.05, "seed": 7},
     # fp32 at those steps: how much of bf16-4320's gain is the steps alone (and whether it fits the budget in fp32)
     "s4-dropout0.0-4320-seed2": {"lr_scheduler_type": "linear", "max_steps": 4320, "dropout": 0.0, "seed": 7},
     # the rest of the dropout sweep: 0.3 (0.2 was already behind no dropout)
