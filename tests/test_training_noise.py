@@ -73,7 +73,8 @@ def record_batches(monkeypatch) -> list[tuple[int, list[int], torch.Tensor]]:
 
 def test_each_epoch_sees_a_new_segmentation_and_evaluation_none(tmp_path, monkeypatch, corpus_tokenizer):
     seen = record_batches(monkeypatch)
-    flags = dict(max_train_samples=24, max_steps=12, bpe_dropout=0.3, eval_steps=0, save_steps=0)
+    flags = dict(max_train_samples=24, max_steps=12, bpe_dropout=0.3, source_lowercase_rate=0.0, eval_steps=0,
+                 save_steps=0)  # BPE-dropout alone: lower-casing would also change the ids
     run_quick(tmp_path / "dropout", **flags)
     by_example = collections.defaultdict(dict)
     for epoch, indices, input_ids in seen:
@@ -98,7 +99,7 @@ def test_evaluation_batches_do_not_use_dropout(tmp_path, monkeypatch):
         collators.append((self.batches.collator, self.evaluator.collator))
 
     monkeypatch.setattr(TrainingLoop, "__init__", spy)
-    run_quick(tmp_path / "run", max_steps=2, bpe_dropout=0.2)
+    run_quick(tmp_path / "run", max_steps=2, bpe_dropout=0.2, source_lowercase_rate=0.0)
     (training, evaluation), = collators
     assert isinstance(training, TrainingNoiseCollator) and not isinstance(evaluation, TrainingNoiseCollator)
 
@@ -154,7 +155,7 @@ def test_source_noise_changes_training_sources_each_epoch_and_never_targets(tmp_
     run_quick(tmp_path / "noisy", source_lowercase_rate=0.5, source_typo_rate=0.2, **flags)
     noisy_seen, noisy_labels = list(seen), list(labels)
     seen.clear(), labels.clear()
-    run_quick(tmp_path / "plain", **flags)
+    run_quick(tmp_path / "plain", source_lowercase_rate=0.0, **flags)
     assert [indices for _, indices, _ in seen] == [indices for _, indices, _ in noisy_seen]
     assert all(torch.equal(a, b) for a, b in zip(labels, noisy_labels))  # targets are never noised
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "plain")
@@ -175,6 +176,28 @@ def test_source_noise_changes_training_sources_each_epoch_and_never_targets(tmp_
     card = " ".join((tmp_path / "noisy" / "README.md").read_text().split())
     assert ("training-time noise: 50% of the source sentences lower-cased, typos in 20% of the source words "
             "(redrawn every epoch).") in card
+
+
+def test_sources_the_noise_leaves_alone_keep_their_ids(corpus_tokenizer):
+    """Only the sentences the noise changed are encoded again; the others keep the ids preprocessing gave them, here
+    one token per character, which encoding the text again would merge."""
+    from transformers import DataCollatorForSeq2Seq
+
+    text = "In the beginning God created the heavens."
+    merged = corpus_tokenizer(text)["input_ids"]
+    characters = "".join(corpus_tokenizer.convert_ids_to_tokens(merged[:-1]))
+    split = corpus_tokenizer.convert_tokens_to_ids(list(characters)) + merged[-1:]
+    assert split != merged and corpus_tokenizer.decode(split, skip_special_tokens=True) == text
+    collator = TrainingNoiseCollator(DataCollatorForSeq2Seq(corpus_tokenizer), corpus_tokenizer, seed=0,
+                                     max_source_length=96, max_target_length=96,
+                                     source_noise=SourceNoise(lowercase_rate=0.5))
+    outcomes = set()
+    for epoch in range(12):
+        collator.epoch = epoch
+        ids = collator([{"input_ids": split, "labels": merged}])["input_ids"][0].tolist()
+        assert ids in (split, corpus_tokenizer(text.lower())["input_ids"]), epoch
+        outcomes.add(ids == split)
+    assert outcomes == {True, False}  # left alone in some epochs, lower-cased in others
 
 
 def test_source_noise_flags_are_checked_before_training(tmp_path):
