@@ -110,9 +110,9 @@ def start_accelerator(args, output_dir: Path, new_model_width: int | None = None
 class TrainingNoiseCollator:
     """Collates training pairs with the run's training-time noise: each side is decoded back to its text, the source
     is given `SourceNoise` (lower-casing, typos), and the texts are encoded again with BPE-dropout (`BPEDropout`)
-    when its rate is above 0; without it, only the sources the noise changed are encoded again. Every draw is seeded by the run's seed, the epoch and the text, so that every epoch sees new
-    noise and a rerun or a resumed run sees the same. Sequences stay within the maximum lengths (`</s>` kept). Only
-    the training batches use it."""
+    when its rate is above 0; without it, only the sources the noise changed are encoded again. Every draw is
+    seeded by the run's seed, the epoch and the text, so that every epoch sees new noise and a rerun or a resumed
+    run sees the same. Sequences stay within the maximum lengths (`</s>` kept). Only the training batches use it."""
 
     def __init__(self, collator, tokenizer, seed: int, max_source_length: int, max_target_length: int,
                  bpe_dropout: float = 0.0, source_noise: SourceNoise | None = None):
@@ -132,8 +132,9 @@ class TrainingNoiseCollator:
                 continue
             texts = self.tokenizer.batch_decode([feature[key] for feature in features], skip_special_tokens=True)
             if noised:
-                texts, plain = [self.source_noise.apply(text, random.Random(f"{self.seed}:{self.epoch}:noise:{text}"))
-                                for text in texts], texts
+                plain = texts
+                texts = [self.source_noise.apply(text, random.Random(f"{self.seed}:{self.epoch}:noise:{text}"))
+                         for text in plain]
             if self.dropout is None:  # only the sentences the noise changed need encoding again
                 all_ids = [feature[key] for feature in features]
                 changed = [i for i, (text, before) in enumerate(zip(texts, plain)) if text != before]
