@@ -121,6 +121,14 @@ RUNS.update({
                                 "source_lowercase_rate": 0.05},
     "s4-dropout0.0-lower0.05-seed2": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.0,
                                       "source_lowercase_rate": 0.05, "seed": 7},
+    # paraphrased sources on today's default: half the sources that have a paraphrase in the corpus (the shipped
+    # corpus: the King James Version of each English verse) replaced by it, drawn anew every epoch
+    "s4-dropout0.0-bf16-4320-lower0.05-para0.5": {"lr_scheduler_type": "linear", "max_steps": 4320, "dropout": 0.0,
+                                                  "bf16": True, "source_lowercase_rate": 0.05,
+                                                  "source_paraphrase_rate": 0.5},
+    "s4-dropout0.0-bf16-4320-lower0.05-para0.5-seed2": {"lr_scheduler_type": "linear", "max_steps": 4320,
+                                                        "dropout": 0.0, "bf16": True, "source_lowercase_rate": 0.05,
+                                                        "source_paraphrase_rate": 0.5, "seed": 7},
     # fp32 at those steps: how much of bf16-4320's gain is the steps alone (and whether it fits the budget in fp32)
     "s4-dropout0.0-4320-seed2": {"lr_scheduler_type": "linear", "max_steps": 4320, "dropout": 0.0, "seed": 7},
     # the rest of the dropout sweep: 0.3 (0.2 was already behind no dropout)

@@ -109,7 +109,7 @@ def start_accelerator(args, output_dir: Path, new_model_width: int | None = None
 
 class TrainingNoiseCollator:
     """Collates training pairs with the run's training-time noise: each side is decoded back to its text, the source
-    is given `SourceNoise` (lower-casing, typos), and the texts are encoded again with BPE-dropout (`BPEDropout`)
+    is given `SourceNoise` (paraphrases, lower-casing, typos), and the texts are encoded again with BPE-dropout (`BPEDropout`)
     when its rate is above 0; without it, only the sources the noise changed are encoded again. Every draw is
     seeded by the run's seed, the epoch and the text, so that every epoch sees new noise and a rerun or a resumed
     run sees the same. Sequences stay within the maximum lengths (`</s>` kept). Only the training batches use it."""
@@ -155,8 +155,10 @@ class TrainBatches:
     """The training batches of this process: token-bucketed or sentence batches of the in-memory split (a sampler
     sharded over the processes), or batches formed while reading a streamed split."""
 
-    def __init__(self, dataset, collator, data_args, args, accelerator: Accelerator, tokenizer=None):
-        source_noise = SourceNoise(args.source_lowercase_rate, args.source_typo_rate)
+    def __init__(self, dataset, collator, data_args, args, accelerator: Accelerator, tokenizer=None,
+                 source_paraphrases: dict[str, list[str]] | None = None):
+        source_noise = SourceNoise(args.source_lowercase_rate, args.source_typo_rate, args.source_paraphrase_rate,
+                                   source_paraphrases)
         if args.bpe_dropout > 0 or source_noise:
             collator = TrainingNoiseCollator(collator, tokenizer, args.seed, data_args.max_source_length,
                                              data_args.max_target_length, args.bpe_dropout, source_noise)
@@ -261,7 +263,7 @@ class TrainingLoop:
     periodic validation through `evaluator`. `state` is where the run is (restored by `resume`)."""
 
     def __init__(self, accelerator: Accelerator, model, tokenizer, train_dataset, collator, evaluator,
-                 data_args, args, output_dir: Path):
+                 data_args, args, output_dir: Path, source_paraphrases: dict[str, list[str]] | None = None):
         self.accelerator, self.model, self.tokenizer, self.evaluator = accelerator, model, tokenizer, evaluator
         self.data_args, self.args, self.output_dir = data_args, args, output_dir
         self.is_main = accelerator.is_main_process
@@ -273,7 +275,8 @@ class TrainingLoop:
         optimizer = make_optimizer(model, args, accelerator.device)
         self.train_model = torch.compile(model) if args.torch_compile else model
         self.train_model, self.optimizer = accelerator.prepare(self.train_model, optimizer)
-        self.batches = TrainBatches(train_dataset, collator, data_args, args, accelerator, tokenizer)
+        self.batches = TrainBatches(train_dataset, collator, data_args, args, accelerator, tokenizer,
+                                    source_paraphrases)
         self.threads = thread_tuner(accelerator.device, "training", args.cpu_threads)
         self.length = run_length(args, self.batches.steps_per_epoch(), step_budget(args, accelerator.device))
         self.total_steps = self.length.total_steps

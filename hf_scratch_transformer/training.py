@@ -50,6 +50,7 @@ from .data import (
     load_parallel_corpus,
     make_collator,
     preprocess_corpus,
+    source_paraphrases,
 )
 from .distributed import (
     is_lost_process_error,
@@ -125,7 +126,7 @@ def _run_training(model_args: ModelArguments, data_args: DataArguments, args: Ru
     phases, trainer = {}, None
     if args.do_train:
         trainer = TrainingLoop(accelerator, model, tokenizer, data.datasets["train"], collator, evaluator, data_args,
-                          args, output_dir)
+                               args, output_dir, data.source_paraphrases)
         if checkpoint is not None:
             trainer.resume(checkpoint)
         if (warning := model_args.dropout_warning(trainer.length)) and accelerator.is_main_process:
@@ -249,6 +250,10 @@ def _prepare_data(raw, tokenizer, data_args: DataArguments, args: RunArguments, 
                            f"or empty")
     data = TrainingData(splits, report, *evaluation_pairs(raw["validation"], data_args),
                         *evaluation_pairs(raw["test"], data_args))
+    if args.do_train and args.source_paraphrase_rate:
+        data.source_paraphrases = source_paraphrases(raw["train"], tokenizer, data_args.source_lang)
+        logger.info("source paraphrases: %d training sources have some; %.0f%% of them are replaced by one each epoch",
+                    len(data.source_paraphrases), 100 * args.source_paraphrase_rate)
     if (args.do_train or args.do_eval) and not data.eval_sources:
         raise UsageError("the validation split has no usable pairs: give --validation_file with pairs in it")
     return data

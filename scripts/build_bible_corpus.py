@@ -2,16 +2,17 @@
 
 Sources (public domain): the Debian packages ``sword-text-web`` (World English Bible, SWORD module
 ``engWEB2015eb``) and ``sword-text-sparv`` (Reina-Valera 1909, module ``spaRV1909eb``), read with ``pysword``
-(a dependency of this script only: ``pip install pysword``).
+(a dependency of this script only: ``pip install pysword``); ``sword-text-kjv`` (King James Version, 1769 text,
+module ``engKJV2006eb``) gives each pair a paraphrase of its English side, in the record's ``paraphrases`` field.
 
 Without ``--sword_dir`` the script downloads and unpacks the two packages itself into a temporary directory, i.e.::
 
-    apt-get update && apt-get download sword-text-web sword-text-sparv
+    apt-get update && apt-get download sword-text-web sword-text-sparv sword-text-kjv
     for deb in sword-text-*.deb; do dpkg -x "$deb" root; done      # modules under root/usr/share/sword
 
 Rules (the data card in ``corpus/README.md`` restates them): per verse, delete ``<note …>…</note>`` with its
-content (replaced by a space), drop all other tags keeping their text, unescape HTML entities, collapse whitespace,
-strip, keep the pair only if both sides are non-empty. Books present in both modules, in module order (Old then New
+content (replaced by a space), drop all other tags keeping their text, unescape HTML entities, delete the
+paragraph sign ``¶``, collapse whitespace, strip, keep the pair only if both sides are non-empty. Books present in both modules, in module order (Old then New
 Testament); verses 1 … min(chapter lengths). Chapters are numbered 0, 1, 2, … over those books: ``c % 40 == 0`` →
 test, ``c % 40 == 20`` → validation, every other chapter → train. Output gzip is written with mtime=0 so that a
 rebuild is byte-identical.
@@ -30,7 +31,8 @@ from pathlib import Path
 
 ENGLISH_MODULE = "engWEB2015eb"
 SPANISH_MODULE = "spaRV1909eb"
-DEBIAN_PACKAGES = ("sword-text-web", "sword-text-sparv")
+PARAPHRASE_MODULES = {"en": "engKJV2006eb"}  # language -> module of another translation into it
+DEBIAN_PACKAGES = ("sword-text-web", "sword-text-sparv", "sword-text-kjv")
 DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parent.parent / "hf_scratch_transformer" / "corpus"
 FILE_PREFIX = "bible_en_es"
 
@@ -43,7 +45,7 @@ def clean_verse(markup: str) -> str:
     """Apply the cleaning rules to one verse of OSIS markup."""
     text = NOTE_RE.sub(" ", markup)
     text = TAG_RE.sub("", text)
-    text = html.unescape(text)
+    text = html.unescape(text).replace("\u00b6", " ")
     return WHITESPACE_RE.sub(" ", text).strip()
 
 
@@ -57,7 +59,7 @@ def split_for_chapter(chapter_index: int) -> str:
 
 
 def download_sword_modules(workdir: str) -> str:
-    """``apt-get download`` the two Debian packages into ``workdir``, unpack them, return the SWORD root."""
+    """``apt-get download`` the Debian packages into ``workdir``, unpack them, return the SWORD root."""
     subprocess.run(["apt-get", "download", *DEBIAN_PACKAGES], cwd=workdir, check=True)
     root = os.path.join(workdir, "root")
     for deb in sorted(glob.glob(os.path.join(workdir, "*.deb"))):
@@ -66,13 +68,14 @@ def download_sword_modules(workdir: str) -> str:
 
 
 def build_records(sword_dir: str) -> dict[str, list[dict]]:
-    """Read both modules and return the aligned records per split."""
+    """Read the modules and return the aligned records per split."""
     from pysword.modules import SwordModules
 
     modules = SwordModules(sword_dir)
     modules.parse_modules()
     english = modules.get_bible_from_module(ENGLISH_MODULE)
     spanish = modules.get_bible_from_module(SPANISH_MODULE)
+    paraphrase_bibles = {lang: modules.get_bible_from_module(name) for lang, name in PARAPHRASE_MODULES.items()}
     spanish_books = {
         book.osis_name: book for books in spanish.get_structure().get_books().values() for book in books
     }
@@ -92,9 +95,12 @@ def build_records(sword_dir: str) -> dict[str, list[dict]]:
                 en_text = clean_verse(english.get(**ref))
                 es_text = clean_verse(spanish.get(**ref))
                 if en_text and es_text:
+                    paraphrases = {lang: [text] if (text := clean_verse(bible.get(**ref))) else []
+                                   for lang, bible in paraphrase_bibles.items()}
                     split.append(
                         {
                             "translation": {"en": en_text, "es": es_text},
+                            "paraphrases": paraphrases,
                             "book": en_book.name,
                             "chapter": chapter,
                             "verse": verse,
