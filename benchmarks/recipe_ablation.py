@@ -168,14 +168,16 @@ def command_line(name: str, flags: dict, threads: int) -> list[str]:
 
 
 def score_on_validation(model_dir: Path, num_beams: int, threads: int, length_penalty: float = 1.0,
-                        split: str = "validation", shifted: bool = False, kinds: tuple[str, ...] | None = None) -> dict:
+                        split: str = "validation", shifted: bool = False, kinds: tuple[str, ...] | None = None,
+                        king_james: bool = False) -> dict:
     """Validation (or test) BLEU/chrF of a saved model (or checkpoint), decoded as train.py decodes (bounded
     lengths); with `shifted`, of the style-shifted sources (benchmarks/style_shift.py) against the same references,
-    with only the perturbations in `kinds` when given."""
+    with only the perturbations in `kinds` when given; with `king_james`, of the King James Version of the same
+    verses (the corpus's `paraphrases`) as the sources."""
     import torch
 
     from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
-    from hf_scratch_transformer.data import DataArguments, evaluation_pairs, load_parallel_corpus
+    from hf_scratch_transformer.data import DataArguments, evaluation_pairs, is_nonempty_pair, load_parallel_corpus
     from hf_scratch_transformer.evaluation import evaluate_translations
     from transformers import AutoTokenizer
 
@@ -183,7 +185,11 @@ def score_on_validation(model_dir: Path, num_beams: int, threads: int, length_pe
     from style_shift import PERTURBATIONS, style_shifted
 
     data_args = DataArguments()
-    sources, references = evaluation_pairs(load_parallel_corpus(data_args)[split], data_args)
+    raw = load_parallel_corpus(data_args)[split]
+    sources, references = evaluation_pairs(raw, data_args)
+    if king_james:
+        sources = [example["paraphrases"]["en"][0] for example in raw
+                   if is_nonempty_pair(example, data_args.source_lang, data_args.target_lang)]
     sources = style_shifted(sources, kinds=kinds or PERTURBATIONS) if shifted else sources
     tokenizer = AutoTokenizer.from_pretrained(model_dir.parent if model_dir.name.startswith("checkpoint-")
                                               else model_dir)
@@ -247,9 +253,11 @@ def score_decodings(model_dir: Path, threads: int) -> None:
         print(json.dumps(record), flush=True)
 
 
-def score_robustness(model_dirs: list[Path], split: str, beam: bool, threads: int, breakdown: bool = False) -> None:
+def score_robustness(model_dirs: list[Path], split: str, beam: bool, threads: int, breakdown: bool = False,
+                     king_james: bool = False) -> None:
     """BLEU of trained models on a split's sources and on their style-shifted copy (greedy; beam 4 with `beam`), one
-    record each: the robustness figure. With `breakdown`, also greedy BLEU with each perturbation alone."""
+    record each: the robustness figure. With `breakdown`, also greedy BLEU with each perturbation alone; with
+    `king_james`, also BLEU with the King James Version of the same verses as the sources (real older English)."""
     from style_shift import PERTURBATIONS
 
     for model_dir in model_dirs:
@@ -259,6 +267,9 @@ def score_robustness(model_dirs: list[Path], split: str, beam: bool, threads: in
             record[label] = score_on_validation(model_dir, beams, threads, split=split)["bleu"]
             shifted = score_on_validation(model_dir, beams, threads, split=split, shifted=True)
             record[f"{label}_shifted"] = shifted["bleu"]
+            if king_james:
+                record[f"{label}_king_james"] = score_on_validation(model_dir, beams, threads, split=split,
+                                                                    king_james=True)["bleu"]
         if breakdown:
             record["greedy_alone"] = {kind: score_on_validation(model_dir, 1, threads, split=split, shifted=True,
                                                                 kinds=(kind,))["bleu"] for kind in PERTURBATIONS}
@@ -354,6 +365,17 @@ def _robustness_table(rows: list[dict]) -> str:
             costs = [r["greedy_alone"][kind] - r["greedy"] for kind in kinds]
             lines.append(f"| {r['name']} | {r['split']} | {r['greedy']} | {r['greedy_shifted'] - r['greedy']:+.2f} | "
                          + " | ".join(f"{cost:+.2f}" for cost in costs) + f" | {sum(costs):+.2f} |")
+    with_king_james = [r for r in rows if "greedy_king_james" in r]
+    if with_king_james:
+        lines += ["", "Real older English (`--robustness ... --king_james`): the King James Version (1769) of the same "
+                  "verses as the source, the same Spanish references:", "",
+                  "| model | split | BLEU greedy | King James | change | BLEU beam 4 | King James | change |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for r in with_king_james:
+            beam = (f"{r['beam4']} | {r['beam4_king_james']} | {r['beam4_king_james'] - r['beam4']:+.2f}"
+                    if "beam4_king_james" in r else " | | ")
+            lines.append(f"| {r['name']} | {r['split']} | {r['greedy']} | {r['greedy_king_james']} | "
+                         f"{r['greedy_king_james'] - r['greedy']:+.2f} | {beam} |")
     return "\n".join(lines) + "\n"
 
 
@@ -387,6 +409,8 @@ def main() -> None:
                         help="score trained models on --split and on its style-shifted sources")
     parser.add_argument("--breakdown", action="store_true",
                         help="with --robustness: also score each style-shift perturbation alone (greedy)")
+    parser.add_argument("--king_james", action="store_true",
+                        help="with --robustness: also score the King James Version of the same verses as the source")
     parser.add_argument("--split", default="validation", choices=("validation", "test"))
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--table", action="store_true")
@@ -406,7 +430,7 @@ def main() -> None:
         return
     if args.robustness:
         score_robustness([Path(path) for path in args.robustness], args.split, args.beam, args.threads,
-                         args.breakdown)
+                         args.breakdown, args.king_james)
         return
     runs = {name: RUNS[name] for name in args.runs}
     for extra in args.set:

@@ -109,10 +109,11 @@ def start_accelerator(args, output_dir: Path, new_model_width: int | None = None
 
 class TrainingNoiseCollator:
     """Collates training pairs with the run's training-time noise: each side is decoded back to its text, the source
-    is given `SourceNoise` (paraphrases, lower-casing, typos), and the texts are encoded again with BPE-dropout (`BPEDropout`)
-    when its rate is above 0; without it, only the sources the noise changed are encoded again. Every draw is
-    seeded by the run's seed, the epoch and the text, so that every epoch sees new noise and a rerun or a resumed
-    run sees the same. Sequences stay within the maximum lengths (`</s>` kept). Only the training batches use it."""
+    is given `SourceNoise` (paraphrases, lower-casing, typos), and the texts are encoded again with BPE-dropout
+    (`BPEDropout`) when its rate is above 0; without it, only the sources the noise changed are encoded again. Every
+    draw is seeded by the run's seed, the epoch and the text, so that every epoch sees new noise and a rerun or a
+    resumed run sees the same. Sequences stay within the maximum lengths (`</s>` kept). Only the training batches use
+    it."""
 
     def __init__(self, collator, tokenizer, seed: int, max_source_length: int, max_target_length: int,
                  bpe_dropout: float = 0.0, source_noise: SourceNoise | None = None):

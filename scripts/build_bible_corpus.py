@@ -12,10 +12,11 @@ Without ``--sword_dir`` the script downloads and unpacks the two packages itself
 
 Rules (the data card in ``corpus/README.md`` restates them): per verse, delete ``<note …>…</note>`` with its
 content (replaced by a space), drop all other tags keeping their text, unescape HTML entities, delete the
-paragraph sign ``¶``, collapse whitespace, strip, keep the pair only if both sides are non-empty. Books present in both modules, in module order (Old then New
-Testament); verses 1 … min(chapter lengths). Chapters are numbered 0, 1, 2, … over those books: ``c % 40 == 0`` →
-test, ``c % 40 == 20`` → validation, every other chapter → train. Output gzip is written with mtime=0 so that a
-rebuild is byte-identical.
+paragraph sign ``¶``, collapse whitespace, strip, keep the pair only if both sides are non-empty. Books present in
+both modules, in module order (Old then New Testament); verses 1 … min(chapter lengths). Chapters are numbered
+0, 1, 2, … over those books: ``c % 40 == 0`` → test, ``c % 40 == 20`` → validation, every other chapter → train.
+The paraphrase of a pair is the same reference in the King James module, cleaned by the same rules (a list of one,
+or empty if that verse is empty there). Output gzip is written with mtime=0 so that a rebuild is byte-identical.
 """
 
 import argparse

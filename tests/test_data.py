@@ -61,29 +61,33 @@ def test_no_chapter_is_in_two_splits(shipped_corpus):
 
 
 @pytest.mark.parametrize(
-    "split, book, chapter, verse, en, es",
+    "split, book, chapter, verse, en, es, king_james",
     [
         ("test", "Genesis", 1, 1, "In the beginning, God created the heavens and the earth.",
-         "EN el principio crió Dios los cielos y la tierra."),
+         "EN el principio crió Dios los cielos y la tierra.", "In the beginning God created the heaven and the earth."),
         ("train", "John", 3, 16, "For God so loved the world, that he gave his only born Son",
-         "Porque de tal manera amó Dios al mundo, que ha dado á su Hijo unigénito"),
-        ("train", "John", 11, 35, "Jesus wept.", "Y lloró Jesús."),
+         "Porque de tal manera amó Dios al mundo, que ha dado á su Hijo unigénito",
+         "For God so loved the world, that he gave his only begotten Son"),
+        ("train", "John", 11, 35, "Jesus wept.", "Y lloró Jesús.", "Jesus wept."),
         ("validation", "Genesis", 21, 1, "Yahweh visited Sarah as he had said",
-         "Y VISITÓ Jehová á Sara, como había dicho"),
+         "Y VISITÓ Jehová á Sara, como había dicho", "And the LORD visited Sarah as he had said"),
     ],
 )
-def test_pairs_are_aligned(shipped_corpus, split, book, chapter, verse, en, es):
+def test_pairs_are_aligned(shipped_corpus, split, book, chapter, verse, en, es, king_james):
     matches = shipped_corpus[split].filter(
         lambda ex: (ex["book"], ex["chapter"], ex["verse"]) == (book, chapter, verse)
     )
     assert matches.num_rows == 1
     pair = matches[0]["translation"]
     assert pair["en"].startswith(en) and pair["es"].startswith(es)
+    assert list(matches[0]["paraphrases"]) == ["en"] and len(matches[0]["paraphrases"]["en"]) == 1
+    assert matches[0]["paraphrases"]["en"][0].startswith(king_james)
 
 
 def test_markup_is_cleaned(shipped_corpus):
     texts = [t for pair in shipped_corpus["validation"]["translation"] for t in pair.values()]
-    assert not any(re.search(r"[<>]|&\w+;|\s{2}|^\s|\s$", text) for text in texts)
+    texts += [t for paraphrases in shipped_corpus["validation"]["paraphrases"] for t in paraphrases["en"]]
+    assert not any(re.search(r"[<>¶]|&\w+;|\s{2}|^\s|\s$", text) for text in texts)
 
 
 def test_shipped_corpus_streams():

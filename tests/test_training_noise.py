@@ -1,5 +1,5 @@
 """Training-time noise, on the training batches only and new at every epoch: BPE-dropout (--bpe_dropout, seeded
-re-segmentation) and source noise (--source_lowercase_rate, --source_typo_rate)."""
+re-segmentation) and source noise (--source_paraphrase_rate, --source_lowercase_rate, --source_typo_rate)."""
 
 import collections
 import json
@@ -10,6 +10,7 @@ import torch
 from helpers import PAIRS, run_quick
 from safetensors.torch import load_file
 
+from hf_scratch_transformer.data import source_paraphrases
 from hf_scratch_transformer.loop import TrainingNoiseCollator, TrainingLoop
 from hf_scratch_transformer.tokenization import BPEDropout, SourceNoise, misspell
 
@@ -206,6 +207,71 @@ def test_source_noise_flags_are_checked_before_training(tmp_path):
     from hf_scratch_transformer.arguments import parse_arguments
     from hf_scratch_transformer.errors import UsageError
 
-    for flag, value in (("source_lowercase_rate", 1.0), ("source_typo_rate", -0.1)):
+    for flag, value in (("source_lowercase_rate", 1.0), ("source_typo_rate", -0.1), ("source_paraphrase_rate", 1.0)):
         with pytest.raises(UsageError, match=flag):
             parse_arguments(quick_flags(tmp_path, **{flag: value}))
+
+
+# ------------------------------------------------------------------------------------------------ paraphrases
+
+
+def test_paraphrase_noise_swaps_in_a_paraphrase_at_its_rate():
+    sentence, other = "Honor your father and your mother.", "Love your enemies."
+    paraphrases = {sentence: ["Honour thy father and thy mother.", "Honour thy father and mother."]}
+    noise = SourceNoise(paraphrase_rate=0.4, paraphrases=paraphrases)
+    drawn = [noise.apply(sentence, random.Random(seed)) for seed in range(500)]
+    assert set(drawn) == {sentence, *paraphrases[sentence]}
+    assert 0.33 < sum(text != sentence for text in drawn) / 500 < 0.47
+    # a sentence without paraphrases is left as it is and draws nothing: the other noise sees the same draws
+    rng = random.Random(5)
+    assert noise.apply(other, rng) == other and rng.random() == random.Random(5).random()
+    assert not SourceNoise(paraphrase_rate=0.4, paraphrases={})  # nothing to swap in: no noise at all
+    with pytest.raises(ValueError, match="paraphrase rate must be in"):
+        SourceNoise(paraphrase_rate=1.0, paraphrases=paraphrases)
+
+
+def test_source_paraphrases_come_from_the_corpus_keyed_as_the_collator_decodes(shipped_corpus, corpus_tokenizer):
+    subset = shipped_corpus["train"].select(range(200))
+    table = source_paraphrases(subset, corpus_tokenizer, "en")
+    assert len(table) == len({example["translation"]["en"] for example in subset})
+    for example in subset:
+        decoded = corpus_tokenizer.decode(corpus_tokenizer(example["translation"]["en"])["input_ids"],
+                                          skip_special_tokens=True)
+        assert example["paraphrases"]["en"][0] in table[decoded]  # the King James Version of the verse
+    assert source_paraphrases(subset, corpus_tokenizer, "es") == {}  # the shipped corpus paraphrases English only
+    assert source_paraphrases(subset.select_columns(["translation"]), corpus_tokenizer, "en") == {}
+    assert source_paraphrases(subset.to_iterable_dataset(), corpus_tokenizer, "en") == {}
+
+
+def decoded_sources(seen, tokenizer) -> list[str]:
+    return [tokenizer.decode([token for token in row if token], skip_special_tokens=True)
+            for _, _, input_ids in seen for row in input_ids.tolist()]
+
+
+def test_paraphrases_replace_training_sources_only(tmp_path, monkeypatch, shipped_corpus):
+    from transformers import AutoTokenizer
+
+    seen = record_batches(monkeypatch)
+    flags = dict(max_train_samples=80, max_steps=12, eval_steps=0, save_steps=0, source_lowercase_rate=0.0)
+    run_quick(tmp_path / "paraphrased", source_paraphrase_rate=0.5, **flags)
+    paraphrased = list(seen)
+    seen.clear()
+    run_quick(tmp_path / "plain", **flags)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "plain")
+    king_james = {tokenizer.decode(tokenizer(example["paraphrases"]["en"][0])["input_ids"], skip_special_tokens=True)
+                  for example in shipped_corpus["train"].select(range(80))}
+    sources, plain_sources = decoded_sources(paraphrased, tokenizer), decoded_sources(seen, tokenizer)
+    assert 0.25 < sum(source in king_james for source in sources) / len(sources) < 0.75
+    assert not any(source in king_james for source in plain_sources)
+    tokenizers = [(tmp_path / name / "tokenizer.json").read_text() for name in ("paraphrased", "plain")]
+    assert tokenizers[0] == tokenizers[1]  # trained on the corpus's translations only
+    card = " ".join((tmp_path / "paraphrased" / "README.md").read_text().split())
+    assert "training-time noise: 50% of the source sentences with a paraphrase in the corpus replaced by it" in card
+    # Spanish to English: the English paraphrases are targets there, which the noise never touches
+    seen.clear()
+    run_quick(tmp_path / "es-en-paraphrased", source_lang="es", target_lang="en", source_paraphrase_rate=0.5, **flags)
+    es_paraphrased = list(seen)
+    seen.clear()
+    run_quick(tmp_path / "es-en-plain", source_lang="es", target_lang="en", **flags)
+    assert len(seen) == len(es_paraphrased)
+    assert all(torch.equal(a[2], b[2]) for a, b in zip(seen, es_paraphrased))
