@@ -202,6 +202,10 @@ class RunArguments:
                                        "paraphrases, where the corpus gives them (a `paraphrases` field; the shipped "
                                        "corpus: the King James Version of the English verses), drawn anew every "
                                        "epoch, seeded (docs/training.md). 0: off."})
+    source_plain_quotes_rate: float = field(
+        default=0.0, metadata={"help": "Share of training source sentences with typographic quotes or apostrophes "
+                                       "(‘ ’ “ ”) that get plain ones (' \"), as keyboards type them (drawn anew every "
+                                       "epoch, seeded). 0: off."})
     source_typo_rate: float = field(
         default=0.0, metadata={"help": "Share of training source words (four letters or more) given one typo: two "
                                        "inner letters swapped, one dropped or one doubled (drawn anew every epoch, "
@@ -477,7 +481,7 @@ RUN_RANGES = [
     ("adam_epsilon", 0, math.inf, {"low_ok": False}), ("weight_decay", 0, math.inf),
     ("label_smoothing_factor", 0, 1, {"high_ok": False}), ("bpe_dropout", 0, 1, {"high_ok": False}),
     ("source_lowercase_rate", 0, 1, {"high_ok": False}),
-    ("source_paraphrase_rate", 0, 1, {"high_ok": False}), ("source_typo_rate", 0, 1, {"high_ok": False}),
+    ("source_paraphrase_rate", 0, 1, {"high_ok": False}), ("source_plain_quotes_rate", 0, 1, {"high_ok": False}), ("source_typo_rate", 0, 1, {"high_ok": False}),
     ("max_grad_norm", 0, math.inf), ("eval_steps", 0, math.inf), ("early_stopping_patience", 0, math.inf),
     ("max_train_minutes", 0, math.inf), ("save_steps", 0, math.inf), ("save_total_limit", 1, math.inf),
     ("cpu_threads", 0, math.inf), ("ddp_timeout", 1, math.inf), ("dataloader_num_workers", 0, math.inf),

@@ -49,7 +49,8 @@ class RunState:
 # precision too, which sets the run-length rule's steps on a CPU (arguments.step_budget).
 RESUME_SETTINGS = {"args": ("learning_rate", "warmup_steps", "lr_scheduler_type", "seed", "per_device_train_batch_size",
                             "gradient_accumulation_steps", "bpe_dropout", "source_lowercase_rate",
-                            "source_paraphrase_rate", "source_typo_rate", "metric_for_best_model", "bf16", "fp16"),
+                            "source_paraphrase_rate", "source_plain_quotes_rate", "source_typo_rate",
+                            "metric_for_best_model", "bf16", "fp16"),
                    "data_args": ("dataset_name", "dataset_config_name", "train_file", "max_train_samples", "streaming",
                                  "source_lang", "target_lang", "max_source_length", "max_target_length",
                                  "max_length_ratio", "max_tokens")}

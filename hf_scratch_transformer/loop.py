@@ -109,7 +109,7 @@ def start_accelerator(args, output_dir: Path, new_model_width: int | None = None
 
 class TrainingNoiseCollator:
     """Collates training pairs with the run's training-time noise: each side is decoded back to its text, the source
-    is given `SourceNoise` (paraphrases, lower-casing, typos), and the texts are encoded again with BPE-dropout
+    is given `SourceNoise` (paraphrases, plain quotes, lower-casing, typos), and the texts are encoded again with BPE-dropout
     (`BPEDropout`) when its rate is above 0; without it, only the sources the noise changed are encoded again. Every
     draw is seeded by the run's seed, the epoch and the text, so that every epoch sees new noise and a rerun or a
     resumed run sees the same. Sequences stay within the maximum lengths (`</s>` kept). Only the training batches use
@@ -159,7 +159,7 @@ class TrainBatches:
     def __init__(self, dataset, collator, data_args, args, accelerator: Accelerator, tokenizer=None,
                  source_paraphrases: dict[str, list[str]] | None = None):
         source_noise = SourceNoise(args.source_lowercase_rate, args.source_typo_rate, args.source_paraphrase_rate,
-                                   source_paraphrases)
+                                   source_paraphrases, args.source_plain_quotes_rate)
         if args.bpe_dropout > 0 or source_noise:
             collator = TrainingNoiseCollator(collator, tokenizer, args.seed, data_args.max_source_length,
                                              data_args.max_target_length, args.bpe_dropout, source_noise)

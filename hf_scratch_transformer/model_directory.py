@@ -137,6 +137,8 @@ def _precision(args) -> str:
 def _training_noise(args) -> str:
     noise = [f"{args.source_paraphrase_rate:.0%} of the source sentences with a paraphrase in the corpus replaced by "
              f"it"] if args.source_paraphrase_rate else []
+    noise += [f"plain quotes in {args.source_plain_quotes_rate:.0%} of the source sentences with typographic ones"
+              ] if args.source_plain_quotes_rate else []
     noise += [f"{args.source_lowercase_rate:.0%} of the source sentences lower-cased"
               ] if args.source_lowercase_rate else []
     noise += [f"typos in {args.source_typo_rate:.0%} of the source words"] if args.source_typo_rate else []

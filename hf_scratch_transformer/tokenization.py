@@ -237,26 +237,32 @@ class BPEDropout:
 class SourceNoise:
     """Training-time noise on the source text, so that the model does not rely on one way of writing it, in this
     order: a share of the sentences that have paraphrases in the corpus (another translation of the same verse)
-    replaced by one of them, a share of sentences lower-cased (as Marian's case augmentation), and typos in a share
-    of the words of four letters or more (one of: two inner letters swapped, an inner letter dropped, an inner letter
+    replaced by one of them; a share of the sentences with typographic quotes or apostrophes given plain ones, as
+    keyboards type them; a share of sentences lower-cased (as Marian's case augmentation); and typos in a share of
+    the words of four letters or more (one of: two inner letters swapped, an inner letter dropped, an inner letter
     doubled, as in Belinkov and Bisk, 2018). Used for training batches only, redrawn every epoch; rates 0 leave the
-    text as it is. `paraphrases` maps a source sentence, as the collator decodes it, to its paraphrases."""
+    text as it is and draw nothing. `paraphrases` maps a source sentence, as the collator decodes it, to its
+    paraphrases."""
 
     def __init__(self, lowercase_rate: float = 0.0, typo_rate: float = 0.0, paraphrase_rate: float = 0.0,
-                 paraphrases: dict[str, list[str]] | None = None):
-        for name, rate in (("lower-casing", lowercase_rate), ("typo", typo_rate), ("paraphrase", paraphrase_rate)):
+                 paraphrases: dict[str, list[str]] | None = None, plain_quotes_rate: float = 0.0):
+        for name, rate in (("lower-casing", lowercase_rate), ("typo", typo_rate), ("paraphrase", paraphrase_rate),
+                           ("plain quotes", plain_quotes_rate)):
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"source {name} rate must be in [0, 1), got {rate}")
-        self.lowercase_rate, self.typo_rate = lowercase_rate, typo_rate
+        self.lowercase_rate, self.typo_rate, self.plain_quotes_rate = lowercase_rate, typo_rate, plain_quotes_rate
         self.paraphrase_rate, self.paraphrases = (paraphrase_rate, paraphrases) if paraphrases else (0.0, {})
 
     def __bool__(self) -> bool:
-        return self.lowercase_rate > 0 or self.typo_rate > 0 or self.paraphrase_rate > 0
+        return any(rate > 0 for rate in (self.lowercase_rate, self.typo_rate, self.paraphrase_rate,
+                                         self.plain_quotes_rate))
 
     def apply(self, text: str, rng: random.Random) -> str:
         """`text` with this noise drawn from `rng`."""
         if self.paraphrase_rate and text in self.paraphrases and rng.random() < self.paraphrase_rate:
             text = rng.choice(self.paraphrases[text])
+        if self.plain_quotes_rate and _TYPOGRAPHIC_QUOTE.search(text) and rng.random() < self.plain_quotes_rate:
+            text = text.translate(PLAIN_QUOTES)
         if self.lowercase_rate and rng.random() < self.lowercase_rate:
             text = text.lower()
         if not self.typo_rate:
@@ -266,6 +272,8 @@ class SourceNoise:
 
 
 _WORD = re.compile(r"[^\W\d_]+")  # a run of letters, in any script
+PLAIN_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})  # ‘ ’ “ ” -> ' "
+_TYPOGRAPHIC_QUOTE = re.compile("[\u2018\u2019\u201c\u201d]")
 
 
 def misspell(word: str, rng: random.Random) -> str:

@@ -1,5 +1,6 @@
 """Training-time noise, on the training batches only and new at every epoch: BPE-dropout (--bpe_dropout, seeded
-re-segmentation) and source noise (--source_paraphrase_rate, --source_lowercase_rate, --source_typo_rate)."""
+re-segmentation) and source noise (--source_paraphrase_rate, --source_plain_quotes_rate, --source_lowercase_rate,
+--source_typo_rate)."""
 
 import collections
 import json
@@ -70,6 +71,12 @@ def record_batches(monkeypatch) -> list[tuple[int, list[int], torch.Tensor]]:
 
     monkeypatch.setattr(TrainingLoop, "_train_batch", recording)
     return seen
+
+
+def decoded_sources(seen, tokenizer) -> list[str]:
+    """The source sentences of recorded batches, as text."""
+    return [tokenizer.decode([token for token in row if token], skip_special_tokens=True)
+            for _, _, input_ids in seen for row in input_ids.tolist()]
 
 
 def test_each_epoch_sees_a_new_segmentation_and_evaluation_none(tmp_path, monkeypatch, corpus_tokenizer):
@@ -207,9 +214,40 @@ def test_source_noise_flags_are_checked_before_training(tmp_path):
     from hf_scratch_transformer.arguments import parse_arguments
     from hf_scratch_transformer.errors import UsageError
 
-    for flag, value in (("source_lowercase_rate", 1.0), ("source_typo_rate", -0.1), ("source_paraphrase_rate", 1.0)):
+    for flag, value in (("source_lowercase_rate", 1.0), ("source_typo_rate", -0.1), ("source_paraphrase_rate", 1.0),
+                        ("source_plain_quotes_rate", 1.0)):
         with pytest.raises(UsageError, match=flag):
             parse_arguments(quick_flags(tmp_path, **{flag: value}))
+
+
+def test_plain_quotes_replace_typographic_ones_at_their_rate():
+    sentence = "Don’t say “no”, it’s God’s ‘word’."
+    plain = "Don't say \"no\", it's God's 'word'."
+    noise = SourceNoise(plain_quotes_rate=0.3)
+    drawn = [noise.apply(sentence, random.Random(seed)) for seed in range(500)]
+    assert set(drawn) == {sentence, plain}
+    assert 0.23 < drawn.count(plain) / 500 < 0.37
+    rng = random.Random(5)  # a sentence without typographic quotes draws nothing
+    assert noise.apply("Jesus wept.", rng) == "Jesus wept." and rng.random() == random.Random(5).random()
+    assert noise.apply(plain, random.Random(0)) == plain
+
+
+def test_plain_quotes_reach_the_training_sources(tmp_path, monkeypatch):
+    seen = record_batches(monkeypatch)
+    flags = dict(max_train_samples=80, max_steps=12, eval_steps=0, save_steps=0, source_lowercase_rate=0.0)
+    run_quick(tmp_path / "plain-quotes", source_plain_quotes_rate=0.5, **flags)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "plain-quotes")
+    sources = decoded_sources(seen, tokenizer)
+    typed, typographic = (sum(any(mark in source for mark in marks) for source in sources)
+                          for marks in (("'", '"'), ("\u2019", "\u201c")))
+    assert typed and typographic  # some sentences typed plain, others left as the corpus has them
+    seen.clear()
+    run_quick(tmp_path / "typographic", **flags)
+    assert not any("'" in source or '"' in source for source in decoded_sources(seen, tokenizer))
+    card = " ".join((tmp_path / "plain-quotes" / "README.md").read_text().split())
+    assert "plain quotes in 50% of the source sentences with typographic ones" in card
 
 
 # ------------------------------------------------------------------------------------------------ paraphrases
@@ -241,11 +279,6 @@ def test_source_paraphrases_come_from_the_corpus_keyed_as_the_collator_decodes(s
     assert source_paraphrases(subset, corpus_tokenizer, "es") == {}  # the shipped corpus paraphrases English only
     assert source_paraphrases(subset.select_columns(["translation"]), corpus_tokenizer, "en") == {}
     assert source_paraphrases(subset.to_iterable_dataset(), corpus_tokenizer, "en") == {}
-
-
-def decoded_sources(seen, tokenizer) -> list[str]:
-    return [tokenizer.decode([token for token in row if token], skip_special_tokens=True)
-            for _, _, input_ids in seen for row in input_ids.tolist()]
 
 
 def test_paraphrases_replace_training_sources_only(tmp_path, monkeypatch, shipped_corpus):
