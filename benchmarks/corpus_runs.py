@@ -37,7 +37,8 @@ def run(name: str, output_root: Path, note: str, extra: list[str]) -> dict:
     output_dir = output_root / f"corpus-run-{name}"
     # pinned as the rows ran: fp32 (the default before bf16 on CPUs with AVX-512 BF16) and no source lower-casing
     command = [sys.executable, str(REPO / "train.py"), "--output_dir", str(output_dir), "--overwrite_output_dir",
-               "--bf16", "false", "--source_lowercase_rate", "0", *RUNS[name], *extra]
+               "--bf16", "false", "--source_lowercase_rate", "0", "--source_paraphrase_rate", "0",
+               "--source_plain_quotes_rate", "0", *RUNS[name], *extra]
     load_before, started = loadavg(), time.perf_counter()
     output_root.mkdir(parents=True, exist_ok=True)
     log = output_root / f"corpus-run-{name}.log"

@@ -39,7 +39,8 @@ def train_tokens_per_second(threads: int | None, steps: int, model_dir: Path, wo
     flags = ["--model_name_or_path", str(model_dir), "--do_train", "--max_steps", str(steps), "--eval_steps", "0",
              "--save_steps", "0", "--report_to", "none", "--max_train_samples", "8000", "--output_dir",
              str(output_dir), "--logging_steps", "25", "--bf16", "false",
-             "--source_lowercase_rate", "0"]  # fp32 and no source noise, as measured
+             "--source_lowercase_rate", "0", "--source_paraphrase_rate", "0",
+             "--source_plain_quotes_rate", "0"]  # fp32 and no source noise, as measured
     if threads is not None:
         flags += ["--cpu_threads", str(threads)]
     subprocess.run([sys.executable, str(REPO / "train.py"), *flags], check=True, cwd=REPO,
@@ -142,7 +143,8 @@ def _train_small_model(work: Path) -> Path:
     model_dir = work / "model"
     subprocess.run([sys.executable, str(REPO / "train.py"), "--max_steps", "200", "--eval_steps", "0",
                     "--save_steps", "0", "--report_to", "none", "--do_train", "--bf16", "false",
-                    "--source_lowercase_rate", "0", "--output_dir",
+                    "--source_lowercase_rate", "0", "--source_paraphrase_rate", "0",
+                    "--source_plain_quotes_rate", "0", "--output_dir",
                     str(model_dir)],
                    check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return model_dir

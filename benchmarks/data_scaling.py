@@ -95,7 +95,8 @@ def train_argv(train_file: str, output_dir: Path, mode: str) -> list[str]:
              "test_file": str(SHIPPED / "bible_en_es.test.jsonl.gz"), "output_dir": str(output_dir),
              "preset": "tiny", "do_train": True, "max_steps": 1, "logging_steps": 1, "save_steps": 0,
              "eval_steps": 0, "max_eval_samples": 64, "max_predict_samples": 64, "report_to": "none",
-             "bf16": "false", "source_lowercase_rate": 0, **MODES[mode]}  # fp32 and no source noise, as the rows ran
+             "bf16": "false", "source_lowercase_rate": 0, "source_paraphrase_rate": 0,
+             "source_plain_quotes_rate": 0, **MODES[mode]}  # fp32 and no source noise, as the rows ran
     argv = []
     for key, value in flags.items():
         argv += [f"--{key}"] if value is True else [f"--{key}", str(value)]

@@ -155,8 +155,9 @@ BASE_FLAGS = {"do_train": True, "do_eval": True, "eval_steps": 0, "report_to": "
               # the defaults of 86dc356 that later stages changed, written out
               "tokenizer_vocab_size": 8000, "max_tokens": 2048, "learning_rate": 1e-3,
               "lr_scheduler_type": "inverse_sqrt", "normalize_before": False, "dropout": 0.1,
-              "source_lowercase_rate": 0.0,  # no source noise unless the row says so (0.05, the default since
-                                             # s4-dropout0.0-bf16-4320-lower0.05)
+              # no source noise unless the row says so (the defaults: lower-casing 0.05 since
+              # s4-dropout0.0-bf16-4320-lower0.05, paraphrases and plain quotes 0.5 since its -para0.5-quotes0.5)
+              "source_lowercase_rate": 0.0, "source_paraphrase_rate": 0.0, "source_plain_quotes_rate": 0.0,
               "bf16": False}  # every stage ran in fp32 unless its row says bf16 (now the default on CPUs with
                               # AVX-512 BF16 and no AMX: arguments.BF16_CPU_STEP_BUDGET)
 # the rest is train.py's defaults, except the two that stage 3 itself changed (pre-norm and 2e-3 since ac6cd5a)
@@ -165,12 +166,13 @@ BASE_FLAGS = {"do_train": True, "do_eval": True, "eval_steps": 0, "report_to": "
 STAGE3_BASE_FLAGS = {"report_to": "none", "overwrite_output_dir": True, "normalize_before": False,
                      "learning_rate": 1e-3, "lr_scheduler_type": "inverse_sqrt", "max_steps": 5000,
                      "early_stopping_patience": 3, "load_best_model_at_end": True, "dropout": 0.1, "bf16": False,
-                     "source_lowercase_rate": 0.0}
+                     "source_lowercase_rate": 0.0, "source_paraphrase_rate": 0.0, "source_plain_quotes_rate": 0.0}
 
 
 # stage 4 starts from the defaults of 7f779db; the two it changed (linear decay, then no dropout) are written out
 STAGE4_BASE_FLAGS = {"report_to": "none", "overwrite_output_dir": True, "lr_scheduler_type": "inverse_sqrt",
-                     "dropout": 0.1, "bf16": False, "source_lowercase_rate": 0.0}
+                     "dropout": 0.1, "bf16": False, "source_lowercase_rate": 0.0, "source_paraphrase_rate": 0.0,
+                     "source_plain_quotes_rate": 0.0}
 
 
 def command_line(name: str, flags: dict, threads: int) -> list[str]:

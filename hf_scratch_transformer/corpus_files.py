@@ -100,7 +100,9 @@ class CorpusFiles:
         return "corpus-" + hashlib.sha256("\0".join(facts).encode()).hexdigest()[:24]
 
     def records(self) -> Iterator[dict]:
-        """``{"translation": {source: str | None, target: str | None}}`` per pair, stripped; raises CorpusError."""
+        """``{"translation": {source: str | None, target: str | None}}`` per pair, stripped; JSON records also
+        ``{"paraphrases": {source: [str, ...], target: [...]}}`` (empty lists where a record has none); raises
+        CorpusError."""
         if self.layout == "pairs":
             pairs = _plain_pairs(self, _lines(self, self.paths[0]), _lines(self, self.paths[1]))
         else:
@@ -110,9 +112,17 @@ class CorpusFiles:
             pairs = {"tsv": _tsv_pairs, "csv": _csv_pairs, "json": _json_pairs}[layout](self, lines)
         count = 0
         for count, pair in enumerate(pairs, start=1):
-            yield {"translation": {lang: _clean(pair.get(lang)) for lang in self.languages}}
+            record = {"translation": {lang: _clean(pair.get(lang)) for lang in self.languages}}
+            if self.has_paraphrases():
+                record["paraphrases"] = {lang: [_clean(text) for text in pair.paraphrases.get(lang, [])]
+                                         for lang in self.languages}
+            yield record
         if not count:
             raise CorpusError(f"The {self.split} file {self.paths[0]!r} holds no examples.")
+
+    def has_paraphrases(self) -> bool:
+        """Whether the records carry a `paraphrases` field: JSON ones (other wordings of a side), see docs/data.md."""
+        return self.layout == "json"
 
     def error(self, where: str, problem: str, path: str | None = None) -> CorpusError:
         return CorpusError(f"The {self.split} file {path or self.paths[0]!r}, {where}: {problem}")
@@ -363,14 +373,27 @@ def _record_pair(record, where: str, files: CorpusFiles) -> dict:
     if pair is not None and not isinstance(pair, dict):
         raise files.error(where, f"`translation` must be an object, got {type(pair).__name__} ({_preview(pair)}); "
                                  f"{expected}.")
-    pair = pair or {}
+    pair = _Pair(pair or {})
     for lang in files.languages:
         value = pair.get(lang)
         if value is not None and not isinstance(value, str):
             name = f"translation.{lang}" if nested else lang
             raise files.error(where, f"`{name}` must be a string (or null), got {type(value).__name__} "
                                      f"({_preview(value)}).")
+    paraphrases = record.get("paraphrases") if nested else None
+    if paraphrases is not None and not (isinstance(paraphrases, dict) and all(
+            isinstance(texts, list) and all(isinstance(text, str) for text in texts)
+            for lang, texts in paraphrases.items() if lang in files.languages)):
+        raise files.error(where, f"`paraphrases` must be an object of lists of strings per language, e.g. "
+                                 f'{{"{files.languages[0]}": ["another wording"]}}, got {_preview(paraphrases)}.')
+    pair.paraphrases = {lang: texts for lang, texts in (paraphrases or {}).items() if lang in files.languages}
     return pair
+
+
+class _Pair(dict):
+    """One record's `translation` object, with the record's `paraphrases` beside it."""
+
+    paraphrases: dict[str, list[str]] = {}
 
 
 def _json_records(files: CorpusFiles, lines) -> Iterator[tuple[str, object]]:

@@ -245,6 +245,8 @@ def _dataset_from_files(files: CorpusFiles, streaming: bool) -> Dataset | Iterab
     """The pairs of ``files`` as a Dataset (written once to the `datasets` cache, reused while the files keep their
     size and modification time), or as an IterableDataset after one checking pass over the files."""
     features = Features({"translation": {lang: Value("string") for lang in files.languages}})
+    if files.has_paraphrases():
+        features["paraphrases"] = {lang: List(Value("string")) for lang in files.languages}
     if streaming:
         if not files.rereadable():
             raise CorpusError(f"The {files.split} file {files.paths[0]!r} is a pipe, which can be read only once, "

@@ -252,8 +252,10 @@ def _prepare_data(raw, tokenizer, data_args: DataArguments, args: RunArguments, 
                         *evaluation_pairs(raw["test"], data_args))
     if args.do_train and args.source_paraphrase_rate:
         data.source_paraphrases = source_paraphrases(raw["train"], tokenizer, data_args.source_lang)
-        logger.info("source paraphrases: %d training sources have some; %.0f%% of them are replaced by one each epoch",
-                    len(data.source_paraphrases), 100 * args.source_paraphrase_rate)
+        logger.info("source paraphrases: %s", "not read from a streamed corpus" if data_args.streaming else (
+            f"{len(data.source_paraphrases)} training sources have some; {args.source_paraphrase_rate:.0%} of them "
+            f"are replaced by one each epoch" if data.source_paraphrases else
+            f"none in the corpus (a `paraphrases` field with {data_args.source_lang!r} in it)"))
     if (args.do_train or args.do_eval) and not data.eval_sources:
         raise UsageError("the validation split has no usable pairs: give --validation_file with pairs in it")
     return data

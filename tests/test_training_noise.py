@@ -16,6 +16,7 @@ from hf_scratch_transformer.loop import TrainingNoiseCollator, TrainingLoop
 from hf_scratch_transformer.tokenization import BPEDropout, SourceNoise, misspell
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
+NO_SOURCE_NOISE = dict(source_paraphrase_rate=0.0, source_plain_quotes_rate=0.0, source_lowercase_rate=0.0)
 
 TEXTS = [text for pair in PAIRS for text in pair] + [
     "Señor, ¿dónde estás?  Tabs\tand “quotes” — <s> written out", "Ünïcödé: ΑΒΓ, 漢字, emoji 🙂", "a", ""]
@@ -81,8 +82,8 @@ def decoded_sources(seen, tokenizer) -> list[str]:
 
 def test_each_epoch_sees_a_new_segmentation_and_evaluation_none(tmp_path, monkeypatch, corpus_tokenizer):
     seen = record_batches(monkeypatch)
-    flags = dict(max_train_samples=24, max_steps=12, bpe_dropout=0.3, source_lowercase_rate=0.0, eval_steps=0,
-                 save_steps=0)  # BPE-dropout alone: lower-casing would also change the ids
+    flags = dict(max_train_samples=24, max_steps=12, bpe_dropout=0.3, eval_steps=0, save_steps=0,
+                 **NO_SOURCE_NOISE)  # BPE-dropout alone: source noise would also change the ids
     run_quick(tmp_path / "dropout", **flags)
     by_example = collections.defaultdict(dict)
     for epoch, indices, input_ids in seen:
@@ -159,11 +160,11 @@ def test_source_noise_changes_training_sources_each_epoch_and_never_targets(tmp_
     monkeypatch.setattr(TrainingLoop, "_train_batch",
                         lambda self, indices, batch: (labels.append(batch["labels"].clone()), real(self, indices,
                                                                                                    batch))[1])
-    flags = dict(max_train_samples=24, max_steps=12, eval_steps=0, save_steps=0)
-    run_quick(tmp_path / "noisy", source_lowercase_rate=0.5, source_typo_rate=0.2, **flags)
+    flags = dict(max_train_samples=24, max_steps=12, eval_steps=0, save_steps=0, **NO_SOURCE_NOISE)
+    run_quick(tmp_path / "noisy", **{**flags, "source_lowercase_rate": 0.5, "source_typo_rate": 0.2})
     noisy_seen, noisy_labels = list(seen), list(labels)
     seen.clear(), labels.clear()
-    run_quick(tmp_path / "plain", source_lowercase_rate=0.0, **flags)
+    run_quick(tmp_path / "plain", **flags)
     assert [indices for _, indices, _ in seen] == [indices for _, indices, _ in noisy_seen]
     assert all(torch.equal(a, b) for a, b in zip(labels, noisy_labels))  # targets are never noised
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "plain")
@@ -234,8 +235,8 @@ def test_plain_quotes_replace_typographic_ones_at_their_rate():
 
 def test_plain_quotes_reach_the_training_sources(tmp_path, monkeypatch):
     seen = record_batches(monkeypatch)
-    flags = dict(max_train_samples=80, max_steps=12, eval_steps=0, save_steps=0, source_lowercase_rate=0.0)
-    run_quick(tmp_path / "plain-quotes", source_plain_quotes_rate=0.5, **flags)
+    flags = dict(max_train_samples=80, max_steps=12, eval_steps=0, save_steps=0, **NO_SOURCE_NOISE)
+    run_quick(tmp_path / "plain-quotes", **{**flags, "source_plain_quotes_rate": 0.5})
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "plain-quotes")
@@ -285,8 +286,8 @@ def test_paraphrases_replace_training_sources_only(tmp_path, monkeypatch, shippe
     from transformers import AutoTokenizer
 
     seen = record_batches(monkeypatch)
-    flags = dict(max_train_samples=80, max_steps=12, eval_steps=0, save_steps=0, source_lowercase_rate=0.0)
-    run_quick(tmp_path / "paraphrased", source_paraphrase_rate=0.5, **flags)
+    flags = dict(max_train_samples=80, max_steps=12, eval_steps=0, save_steps=0, **NO_SOURCE_NOISE)
+    run_quick(tmp_path / "paraphrased", **{**flags, "source_paraphrase_rate": 0.5})
     paraphrased = list(seen)
     seen.clear()
     run_quick(tmp_path / "plain", **flags)
@@ -302,9 +303,31 @@ def test_paraphrases_replace_training_sources_only(tmp_path, monkeypatch, shippe
     assert "training-time noise: 50% of the source sentences with a paraphrase in the corpus replaced by it" in card
     # Spanish to English: the English paraphrases are targets there, which the noise never touches
     seen.clear()
-    run_quick(tmp_path / "es-en-paraphrased", source_lang="es", target_lang="en", source_paraphrase_rate=0.5, **flags)
+    run_quick(tmp_path / "es-en-paraphrased", source_lang="es", target_lang="en",
+              **{**flags, "source_paraphrase_rate": 0.5})
     es_paraphrased = list(seen)
     seen.clear()
     run_quick(tmp_path / "es-en-plain", source_lang="es", target_lang="en", **flags)
     assert len(seen) == len(es_paraphrased)
     assert all(torch.equal(a[2], b[2]) for a, b in zip(seen, es_paraphrased))
+
+
+def test_a_json_lines_corpus_of_ones_own_gives_paraphrases(tmp_path, corpus_tokenizer):
+    from helpers import CORPUS_PAIRS, write_jsonl
+
+    from hf_scratch_transformer.data import DataArguments, load_parallel_corpus
+
+    records = [{"translation": {"en": en, "es": es}, "paraphrases": {"en": [en.upper()] if i % 2 else []}}
+               for i, (en, es) in enumerate(CORPUS_PAIRS)]
+    train = write_jsonl(tmp_path / "train.jsonl", records)
+    raw = load_parallel_corpus(DataArguments(train_file=str(train), validation_file=str(train)))
+    table = source_paraphrases(raw["train"], corpus_tokenizer, "en")
+    with_some = {corpus_tokenizer.decode(corpus_tokenizer(en)["input_ids"], skip_special_tokens=True): [en.upper()]
+                 for i, (en, _) in enumerate(CORPUS_PAIRS) if i % 2}
+    assert table == with_some
+    records[3]["paraphrases"] = {"en": "not a list"}
+    write_jsonl(train, records)
+    from hf_scratch_transformer.corpus_files import CorpusError
+
+    with pytest.raises(CorpusError, match=r"line 4: `paraphrases` must be an object of lists of strings"):
+        load_parallel_corpus(DataArguments(train_file=str(train), validation_file=str(train)))
