@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--max_tokens", type=int, default=1024)
     parser.add_argument("--vocab_size", type=int, default=4000)
     parser.add_argument("--preset", default="small", help="model size (results: cpu_precision.json for small, "
-                        "cpu_precision_PRESET.json for the others)")
+                        "cpu_precision_PRESET.json for the others; cpu_precision_amx*.json on a CPU with AMX)")
     parser.add_argument("--note", default="", help="what else ran on the machine")
     args = parser.parse_args()
     disable_progress_bars()
@@ -114,7 +114,8 @@ def main() -> None:
     results = {"machine": machine_info(max(args.threads)), "avx512_bf16": "avx512_bf16" in cpu_model_and_flags()[1],
                "load_before": load_before, "note": args.note, "vocab_size": vocab_size, "batches": args.batches,
                "max_tokens": args.max_tokens, "passes": args.passes, "preset": args.preset, "rows": rows}
-    name = "cpu_precision" + ("" if args.preset == "small" else f"_{args.preset}")
+    amx = "amx_tile" in cpu_model_and_flags()[1]
+    name = "cpu_precision" + ("_amx" if amx else "") + ("" if args.preset == "small" else f"_{args.preset}")
     write_results(results, RESULTS / f"{name}.json", render(results))
     print(render(results))
 

@@ -141,6 +141,14 @@ RUNS.update({
                                                                   "source_lowercase_rate": 0.05,
                                                                   "source_paraphrase_rate": 0.5,
                                                                   "source_plain_quotes_rate": 0.5, "seed": 7},
+    # the same in fp32 at 3,600 steps: the fp32 branch, and on a CPU with AMX the time-equal comparator of bf16 at 4,320
+    "s4-dropout0.0-lower0.05-para0.5-quotes0.5": {"lr_scheduler_type": "linear", "max_steps": 3600, "dropout": 0.0,
+                                                  "source_lowercase_rate": 0.05, "source_paraphrase_rate": 0.5,
+                                                  "source_plain_quotes_rate": 0.5},
+    "s4-dropout0.0-lower0.05-para0.5-quotes0.5-seed2": {"lr_scheduler_type": "linear", "max_steps": 3600,
+                                                        "dropout": 0.0, "source_lowercase_rate": 0.05,
+                                                        "source_paraphrase_rate": 0.5, "source_plain_quotes_rate": 0.5,
+                                                        "seed": 7},
     # fp32 at those steps: how much of bf16-4320's gain is the steps alone (and whether it fits the budget in fp32)
     "s4-dropout0.0-4320-seed2": {"lr_scheduler_type": "linear", "max_steps": 4320, "dropout": 0.0, "seed": 7},
     # the rest of the dropout sweep: 0.3 (0.2 was already behind no dropout)
@@ -346,7 +354,7 @@ def write_table() -> None:
                      "scores, as users decode them, are in the robustness table. Later rows (`lower0.05`) decode "
                      "the saved weights. `threads × jobs`: torch threads of the "
                      "training run × runs side by side; other jobs may have shared the machine too, so `train min` and `tok/s` compare nothing — use steps "
-                     "and epochs. Machines: Xeon = Intel Xeon Processor, EPYC = AMD EPYC (AVX-512, no AMX), "
+                     "and epochs. Machines: Xeon = Intel Xeon Processor, Xeon (AMX) = one with AMX (and AVX-512 BF16), EPYC = AMD EPYC (AVX-512, no AMX), "
                      "2 logical cores each.\n\n"
                      + "\n".join(lines) + "\n" + ("\n" + "\n".join(notes) + "\n" if notes else "")
                      + _robustness_table([r for r in every if r.get("kind") == "robustness"])
@@ -394,7 +402,8 @@ def _robustness_table(rows: list[dict]) -> str:
 
 
 def _short_machine(machine: str) -> str:
-    return "EPYC" if "EPYC" in machine else "Xeon" if "Xeon" in machine else machine
+    short = "EPYC" if "EPYC" in machine else "Xeon" if "Xeon" in machine else machine
+    return f"{short} (AMX)" if "AMX" in machine else short
 
 
 def _commit() -> str:
@@ -405,7 +414,8 @@ def _commit() -> str:
 def _machine() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    return f"{cpu}, {os.cpu_count()} logical cores"
+    amx = Path("/proc/cpuinfo").exists() and "amx_tile" in Path("/proc/cpuinfo").read_text()
+    return f"{cpu}{' (AMX)' if amx else ''}, {os.cpu_count()} logical cores"
 
 
 def main() -> None:
