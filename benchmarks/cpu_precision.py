@@ -2,6 +2,7 @@
 
     python benchmarks/cpu_precision.py                      # small preset, 1,024-token batches, 1 and 2 threads
     python benchmarks/cpu_precision.py --threads 1 --passes 4
+    python benchmarks/cpu_precision.py --busy                # one core spun by another process
 
 Two copies of the same model (the `small` preset, BPE 4,000: train.py's defaults), each with its own fused Adam,
 train on the same train.py batches: one in fp32, one under `torch.autocast("cpu", dtype=torch.bfloat16)` (what
@@ -11,10 +12,13 @@ the per-pass ratios are reported (adjacent in time, so they cancel most of the l
 of the model's own shapes (1,024 tokens x 256 -> 1,024) and a large square one in fp32 and bf16, which says whether
 the CPU has fast bf16 matrix units (AMX: `amx_tile` in /proc/cpuinfo; AVX-512 BF16: `avx512_bf16`), and the training
 loss of both copies on a held-out batch after the timed passes (same start, same batches: a first look at whether bf16
-changes what is learnt, not a BLEU figure). Results: `benchmarks/results/cpu_precision.{json,md}`.
+changes what is learnt, not a BLEU figure). `--busy` measures with a process spinning on the last core, as another
+program would. Results: `benchmarks/results/cpu_precision.{json,md}` (`_PRESET` for other presets, `_amx` on a CPU with
+AMX, `_busy` with one core busy).
 """
 
 import argparse
+import os
 import statistics
 
 import torch
@@ -22,6 +26,7 @@ from datasets import disable_progress_bars
 
 from common import (RESULTS, cpu_model_and_flags, machine_info, machine_line, our_config, paired_ratios,
                     time_alternating, time_call, train_py_batches, write_results)
+from cpu_threads import start_hog
 from training_throughput import make_step
 
 from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
@@ -78,7 +83,9 @@ def render(results: dict) -> str:
     lines = ["# `--bf16` against fp32 on the CPU (`benchmarks/cpu_precision.py`)", "",
              machine_line(machine) + f" AMX: {'yes' if machine['amx'] else 'no'}; AVX-512 BF16: "
              f"{'yes' if results['avx512_bf16'] else 'no'}. Load average before {results['load_before']}, after "
-             f"{machine['loadavg']}. {results['note']}", "",
+             f"{machine['loadavg']}. "
+             + ("**Busy**: a process spun on the last core throughout. " if results.get("busy") else "")
+             + results["note"], "",
              f"`{results.get('preset', 'small')}` preset, BPE {results['vocab_size']:,}, {results['batches']} train.py batches of "
              f"{results['max_tokens']:,} tokens per pass, {results['passes']} passes per precision in alternation "
              "(ABAB); speed-up = fp32 seconds / bf16 seconds of adjacent passes (median, min-max). "
@@ -105,17 +112,26 @@ def main() -> None:
     parser.add_argument("--vocab_size", type=int, default=4000)
     parser.add_argument("--preset", default="small", help="model size (results: cpu_precision.json for small, "
                         "cpu_precision_PRESET.json for the others; cpu_precision_amx*.json on a CPU with AMX)")
+    parser.add_argument("--busy", action="store_true", help="measure with one core busy: a process spinning on the "
+                        "last core throughout (results: cpu_precision*_busy.json)")
     parser.add_argument("--note", default="", help="what else ran on the machine")
     args = parser.parse_args()
     disable_progress_bars()
     load_before = machine_info(0)["loadavg"]
     batches, vocab_size, _ = train_py_batches(args.batches + 1, args.max_tokens, args.vocab_size, spread=True)
-    rows = [measure(threads, batches[:-1], batches[-1], vocab_size, args.passes, args.preset) for threads in args.threads]
-    results = {"machine": machine_info(max(args.threads)), "avx512_bf16": "avx512_bf16" in cpu_model_and_flags()[1],
+    hog = start_hog(len(os.sched_getaffinity(0)) - 1) if args.busy else None
+    try:
+        rows = [measure(threads, batches[:-1], batches[-1], vocab_size, args.passes, args.preset)
+                for threads in args.threads]
+    finally:
+        if hog is not None:
+            hog.kill()
+    results = {"machine": machine_info(max(args.threads)), "busy": args.busy, "avx512_bf16": "avx512_bf16" in cpu_model_and_flags()[1],
                "load_before": load_before, "note": args.note, "vocab_size": vocab_size, "batches": args.batches,
                "max_tokens": args.max_tokens, "passes": args.passes, "preset": args.preset, "rows": rows}
     amx = "amx_tile" in cpu_model_and_flags()[1]
-    name = "cpu_precision" + ("_amx" if amx else "") + ("" if args.preset == "small" else f"_{args.preset}")
+    name = ("cpu_precision" + ("_amx" if amx else "") + ("" if args.preset == "small" else f"_{args.preset}")
+            + ("_busy" if args.busy else ""))
     write_results(results, RESULTS / f"{name}.json", render(results))
     print(render(results))
 
