@@ -19,7 +19,7 @@ import yaml
 from transformers import HfArgumentParser
 
 from .configuration_scratch_transformer import DEFAULT_PRESET, PRESETS, ScratchTransformerConfig
-from .cpu_threads import cpu_model_and_flags
+from .cpu_threads import cpu_bf16_units
 from .data import DataArguments
 from .errors import UsageError, check_range
 from .translation_core import DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B, DecodingOptions, InvalidOption
@@ -36,15 +36,16 @@ DROPOUT_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
 # model; validation every two epochs, within [MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS] steps.
 DEFAULT_STEP_BUDGET = 3600
 # Precision (docs/training.md): a run that gives neither --bf16 nor --fp16 trains in bf16 mixed precision on a CPU
-# where that was measured to pay, one with AVX-512 BF16 and no AMX (an AMD EPYC: 1.20x the training tokens/s at 1 and 2
-# threads, validation BLEU within a seed's noise of fp32), and in fp32 elsewhere: on AMX it is unmeasured (one check
-# found an autocast step slower there under load), and without bf16 units it is emulated. bf16 on such a CPU gives the
-# run-length rule 1.2x the steps, the same 30 minutes: 4,320 steps reached validation BLEU 22.42 / 21.84 (seeds 42 / 7)
-# where fp32's 3,600 had 21.31 / 21.38 (benchmarks/results/recipe_ablation.md, stage 4).
+# with bf16 matrix units, where that was measured to pay: AVX-512 BF16 (an AMD EPYC: 1.20x the training tokens/s in
+# whole runs, validation BLEU within a seed's noise of fp32 at the same steps) and AMX (an Intel Xeon: 1.15x per step
+# at 2 threads idle, 1.24x at 1 thread, 1.25x at 1 thread with the other core busy); in fp32 elsewhere, where bf16 is
+# emulated. bf16 on such a CPU gives the run-length rule 1.2x the steps in about the same time: 4,320 steps reached
+# validation BLEU 22.42 / 21.84 (seeds 42 / 7) where fp32's 3,600 had 21.31 / 21.38 on the EPYC, and 22.75 where
+# fp32's 3,600 had 20.48 on the Xeon (benchmarks/results/recipe_ablation.md, stage 4).
 BF16_CPU_STEP_BUDGET = 4320
-# ... for a new model at least this wide: the `tiny` preset (width 64) trained 0.76x as fast in bf16 on that CPU
-# (casts outweigh its small matrix products); `small` (256) 1.27x and `base` (512) 1.75x at 2 threads
-# (benchmarks/results/cpu_precision*.md). A model given to --model_name_or_path keeps fp32 unless --bf16.
+# ... for a new model at least this wide: the `tiny` preset (width 64) trained 0.76x as fast in bf16 on the EPYC and
+# 0.62x on the Xeon (casts outweigh its small matrix products); `small` (256) 1.27x / 1.15x and `base` (512) 1.75x /
+# 1.48x at 2 threads (benchmarks/results/cpu_precision*.md). A model given to --model_name_or_path keeps fp32 unless --bf16.
 BF16_CPU_MIN_WIDTH = 256
 DEFAULT_MAX_EPOCHS = 100
 DEFAULT_PATIENCE = 3
@@ -162,7 +163,7 @@ class RunArguments:
     max_steps: int = field(
         default=-1, metadata={"help": f"If > 0: optimiser steps to run (overrides epochs). With neither: up to "
                                       f"{DEFAULT_STEP_BUDGET:,} steps ({BF16_CPU_STEP_BUDGET:,} in bf16 on a CPU "
-                                      f"with AVX-512 BF16) and {DEFAULT_MAX_EPOCHS} epochs, with early stopping "
+                                      f"with AVX-512 BF16 or AMX) and {DEFAULT_MAX_EPOCHS} epochs, with early stopping "
                                       f"(docs/training.md)."})
     max_train_minutes: float = field(
         default=0, metadata={"help": "Training time budget in minutes (summed over resumed runs): at the budget the "
@@ -198,12 +199,12 @@ class RunArguments:
                                         "nothing on the shipped corpus's test split and lifted its style-shifted "
                                         "copy (docs/training.md). 0: off."})
     source_paraphrase_rate: float = field(
-        default=0.0, metadata={"help": "Share of training pairs whose source sentence is replaced by one of its "
+        default=0.5, metadata={"help": "Share of training pairs whose source sentence is replaced by one of its "
                                        "paraphrases, where the corpus gives them (a `paraphrases` field; the shipped "
                                        "corpus: the King James Version of the English verses), drawn anew every "
                                        "epoch, seeded (docs/training.md). 0: off."})
     source_plain_quotes_rate: float = field(
-        default=0.0, metadata={"help": "Share of training source sentences with typographic quotes or apostrophes "
+        default=0.5, metadata={"help": "Share of training source sentences with typographic quotes or apostrophes "
                                        "(‘ ’ “ ”) that get plain ones (' \"), as keyboards type them (drawn anew every "
                                        "epoch, seeded). 0: off."})
     source_typo_rate: float = field(
@@ -249,8 +250,8 @@ class RunArguments:
         default=False, metadata={"help": "Translate the test split: generated_predictions.txt, test BLEU and chrF."})
     report_to: str = field(default="tensorboard", metadata={"help": "Accelerate tracker(s), comma-separated, or none."})
     bf16: bool | None = field(  # `--bf16` alone means true
-        default=None, metadata={"help": "bf16 mixed precision (default: on a CPU with AVX-512 BF16 and no AMX, where "
-                                        "it was measured to pay, unless --fp16; else off).", "nargs": "?",
+        default=None, metadata={"help": "bf16 mixed precision (default: when training a new model on a CPU with "
+                                        "AVX-512 BF16 or AMX, where it was measured to pay, unless --fp16; else off).", "nargs": "?",
                                 "const": True})
     fp16: bool = field(default=False, metadata={"help": "fp16 mixed precision (GPU)."})
     torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
@@ -361,11 +362,8 @@ def run_length(args: RunArguments, steps_per_epoch: int | None,
 
 def bf16_pays_on(device: torch.device) -> bool:
     """Whether bf16 mixed precision was measured to make a training step cheaper at equal BLEU on `device`: a CPU
-    with AVX-512 BF16 and no AMX (see BF16_CPU_STEP_BUDGET)."""
-    if device.type != "cpu":
-        return False
-    flags = cpu_model_and_flags()[1]
-    return "avx512_bf16" in flags and "amx_tile" not in flags
+    with bf16 matrix units, AVX-512 BF16 or AMX (see BF16_CPU_STEP_BUDGET)."""
+    return device.type == "cpu" and cpu_bf16_units() is not None
 
 
 def choose_precision(args: RunArguments, device: torch.device, new_model_width: int | None) -> str | None:
@@ -376,8 +374,8 @@ def choose_precision(args: RunArguments, device: torch.device, new_model_width: 
         return None
     wide_enough = new_model_width is not None and new_model_width >= BF16_CPU_MIN_WIDTH
     args.bf16 = args.do_train and not args.fp16 and wide_enough and bf16_pays_on(device)
-    return (f"bf16 mixed precision: this CPU has AVX-512 BF16 (and no AMX), where bf16 trains 1.2x faster at the "
-            f"same BLEU (so the run-length rule allows {BF16_CPU_STEP_BUDGET:,} steps); --bf16 false trains in fp32"
+    return (f"bf16 mixed precision: this CPU has {cpu_bf16_units()}, where bf16 trains 1.15-1.2x faster at the same "
+            f"BLEU (so the run-length rule allows {BF16_CPU_STEP_BUDGET:,} steps); --bf16 false trains in fp32"
             if args.bf16 else None)
 
 

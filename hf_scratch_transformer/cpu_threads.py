@@ -42,6 +42,13 @@ def cpu_model_and_flags() -> tuple[str, set[str]]:
     return fields.get("model name") or platform.processor() or "unknown CPU", set(fields.get("flags", "").split())
 
 
+def cpu_bf16_units() -> str | None:
+    """The CPU's bf16 matrix units, which decide whether `--bf16` pays there: "AMX" (Intel Sapphire Rapids and later),
+    "AVX-512 BF16" (AMD Zen 4 and later, Intel Cooper Lake) or None (bf16 would be emulated)."""
+    flags = cpu_model_and_flags()[1]
+    return "AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else None
+
+
 def thread_tuner(device, name: str, fixed: int = 0) -> "ThreadTuner | None":
     """The thread policy of one kind of work on `device` (None off the CPU): up to the cores available to this
     process's share of the machine (the processes a launcher started on it, LOCAL_WORLD_SIZE), or `fixed` (--cpu_threads

@@ -16,7 +16,7 @@ import transformers
 from huggingface_hub import HfApi
 
 from .arguments import precision
-from .cpu_threads import cpu_model_and_flags
+from .cpu_threads import cpu_bf16_units, cpu_model_and_flags
 from .data import SHIPPED_DATASET_ID
 from .errors import TrainingFault
 from .model_card import render_model_card
@@ -204,9 +204,9 @@ def hardware_description(device: torch.device, processes: int) -> str:
     number of processes: the model card's hardware line."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device) + f", {processes} process(es)"
-    name, flags = cpu_model_and_flags()
-    units = "AMX" if "amx_tile" in flags else "AVX-512 BF16, no AMX" if "avx512_bf16" in flags else "no bf16 units"
-    return f"{name} ({units}), {os.cpu_count()} logical cores, {processes} process(es)"
+    units = cpu_bf16_units()
+    units = {"AVX-512 BF16": "AVX-512 BF16, no AMX", None: "no bf16 units"}.get(units, units)
+    return f"{cpu_model_and_flags()[0]} ({units}), {os.cpu_count()} logical cores, {processes} process(es)"
 
 
 def _table_cell(text: str, limit: int = 300) -> str:

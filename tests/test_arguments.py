@@ -8,7 +8,7 @@ from helpers import MODEL_CARD_TEMPLATE, REPO, fails_with, run_tiny, tiny_run_fl
 
 import torch
 
-from hf_scratch_transformer import arguments
+from hf_scratch_transformer import cpu_threads
 from hf_scratch_transformer.arguments import (BF16_CPU_STEP_BUDGET, DEFAULT_STEP_BUDGET, RunArguments, choose_precision,
                                               parse_arguments, run_length, step_budget)
 from hf_scratch_transformer.errors import UsageError
@@ -119,7 +119,8 @@ def test_the_gpu_recipe_runs_its_code_paths_on_a_cpu(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ the precision
 
-AVX512_BF16, AMX, NO_BF16_UNITS = {"avx512f", "avx512_bf16"}, {"avx512f", "avx512_bf16", "amx_tile"}, {"avx512f"}
+AVX512_BF16, NO_BF16_UNITS = {"avx512f", "avx512_bf16"}, {"avx512f"}
+AMX = {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}
 CPU, GPU = torch.device("cpu"), torch.device("cuda")
 
 
@@ -127,13 +128,13 @@ CPU, GPU = torch.device("cpu"), torch.device("cuda")
 def cpu_flags(monkeypatch):
     """Fakes the CPU's feature flags (/proc/cpuinfo) as the precision rule sees them."""
     def fake(flags):
-        monkeypatch.setattr(arguments, "cpu_model_and_flags", lambda: ("a test CPU", set(flags)))
+        monkeypatch.setattr(cpu_threads, "cpu_model_and_flags", lambda: ("a test CPU", set(flags)))
     return fake
 
 
 @pytest.mark.parametrize("flags, device, given, bf16, budget", [
     (AVX512_BF16, CPU, [], True, BF16_CPU_STEP_BUDGET),  # measured to pay: bf16, 1.2x the steps
-    (AMX, CPU, [], False, DEFAULT_STEP_BUDGET),  # unmeasured there
+    (AMX, CPU, [], True, BF16_CPU_STEP_BUDGET),  # measured to pay there too
     (NO_BF16_UNITS, CPU, [], False, DEFAULT_STEP_BUDGET),
     (AVX512_BF16, GPU, [], False, DEFAULT_STEP_BUDGET),  # a GPU's precision comes from its config
     (AVX512_BF16, CPU, ["--bf16", "false"], False, DEFAULT_STEP_BUDGET),
@@ -164,10 +165,11 @@ def test_the_default_bf16_needs_a_new_model_wide_enough(cpu_flags, width, bf16):
     assert args.bf16 is bf16
 
 
-@pytest.mark.parametrize("flags, steps, precision", [(AVX512_BF16, BF16_CPU_STEP_BUDGET, "bf16 mixed precision"),
-                                                     (NO_BF16_UNITS, DEFAULT_STEP_BUDGET, "fp32")],
-                         ids=["avx512_bf16", "no_units"])
-def test_a_run_without_precision_flags_follows_the_cpu(cpu_flags, flags, steps, precision, tmp_path, caplog):
+@pytest.mark.parametrize("flags, steps, precision, units", [
+    (AVX512_BF16, BF16_CPU_STEP_BUDGET, "bf16 mixed precision", "AVX-512 BF16"),
+    (AMX, BF16_CPU_STEP_BUDGET, "bf16 mixed precision", "AMX"),
+    (NO_BF16_UNITS, DEFAULT_STEP_BUDGET, "fp32", None)], ids=["avx512_bf16", "amx", "no_units"])
+def test_a_run_without_precision_flags_follows_the_cpu(cpu_flags, flags, steps, precision, units, tmp_path, caplog):
     """A real run with neither --bf16 nor --max_steps: its precision and its run-length rule's budget (stopped at
     once by --max_train_minutes; many short batches so that 100 epochs are more than the budget)."""
     cpu_flags(flags)
@@ -177,7 +179,8 @@ def test_a_run_without_precision_flags_follows_the_cpu(cpu_flags, flags, steps, 
                            eval_max_new_tokens=2)  # the small preset's width: the tiny preset stays fp32
     logged = " ".join(record.getMessage() for record in caplog.records)
     assert f"training for {steps:,} steps" in logged and f"at most {steps:,} steps" in logged
-    assert ("this CPU has AVX-512 BF16" in logged) == (precision != "fp32")
+    assert ("bf16 mixed precision: this CPU has" in logged) == (units is not None)
+    assert units is None or f"this CPU has {units}, where bf16 trains" in logged
     assert f"; {precision}; wall time" in (tmp_path / "README.md").read_text()
     assert results["train_precision"] == precision.split()[0]  # all_results.json records it too
 

@@ -73,7 +73,9 @@ def test_the_model_card_holds_the_measured_figures(long_run):
     assert "{{" not in card and "40 optimiser steps" in card
     assert "Final weights: the weights after the last step." in card
     assert "`linear` decay" in card and "dropout 0.0 (attention 0.0, after the feed-forward activation 0.0)" in card
-    assert "training-time noise: 5% of the source sentences lower-cased (redrawn every epoch)." in " ".join(card.split())
+    assert ("training-time noise: 50% of the source sentences with a paraphrase in the corpus replaced by it, plain "
+            "quotes in 50% of the source sentences with typographic ones, 5% of the source sentences lower-cased "
+            "(redrawn every epoch).") in " ".join(card.split())
     assert re.search(r"Hardware: .+ \((AMX|AVX-512 BF16, no AMX|no bf16 units)\), \d+ logical cores, 1 process\(es\); "
                      r"fp32; wall time", card)
 
