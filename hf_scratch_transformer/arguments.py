@@ -374,9 +374,15 @@ def choose_precision(args: RunArguments, device: torch.device, new_model_width: 
         return None
     wide_enough = new_model_width is not None and new_model_width >= BF16_CPU_MIN_WIDTH
     args.bf16 = args.do_train and not args.fp16 and wide_enough and bf16_pays_on(device)
-    return (f"bf16 mixed precision: this CPU has {cpu_bf16_units()}, where bf16 trains 1.15-1.2x faster at the same "
-            f"BLEU (so the run-length rule allows {BF16_CPU_STEP_BUDGET:,} steps); --bf16 false trains in fp32"
-            if args.bf16 else None)
+    if not args.bf16:
+        return None
+    units = cpu_bf16_units()
+    line = (f"bf16 mixed precision: this CPU has {units}, where bf16 trains 1.15-1.2x faster at the same BLEU (so the "
+            f"run-length rule allows {BF16_CPU_STEP_BUDGET:,} steps); --bf16 false trains in fp32")
+    if units == "AMX" and not args.cpu_threads:  # oneDNN's AMX kernels split their sums by thread count
+        line += ("; on AMX the weights depend on the thread count, which this run adapts to the load, so it is not "
+                 "reproducible bit for bit: --cpu_threads N (or --bf16 false) is")
+    return line
 
 
 def step_budget(args: RunArguments, device: torch.device) -> int:

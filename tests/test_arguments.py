@@ -155,6 +155,17 @@ def test_bf16_is_the_default_only_where_it_was_measured_to_pay(cpu_flags, flags,
     assert run_length(RunArguments(max_steps=8, bf16=bf16), 1108, budget).total_steps == 8  # --max_steps wins
 
 
+def test_on_amx_the_bf16_line_says_a_run_with_adaptive_threads_is_not_bit_reproducible(cpu_flags):
+    """oneDNN's AMX kernels split their sums by thread count: adaptive threads change the weights, pinned ones do not."""
+    cpu_flags(AMX)
+    lines = {}
+    for given in ([], ["--cpu_threads", "2"]):
+        _, _, args = parse_arguments(given)
+        lines[len(given)] = choose_precision(args, CPU, new_model_width=256)
+    assert "not reproducible bit for bit: --cpu_threads N (or --bf16 false) is" in lines[0]
+    assert lines[2].startswith("bf16 mixed precision: this CPU has AMX") and "reproducible" not in lines[2]
+
+
 @pytest.mark.parametrize("width, bf16", [(64, False), (256, True), (512, True), (None, False)],
                          ids=["tiny", "small", "base", "loaded_model"])
 def test_the_default_bf16_needs_a_new_model_wide_enough(cpu_flags, width, bf16):
@@ -181,6 +192,7 @@ def test_a_run_without_precision_flags_follows_the_cpu(cpu_flags, flags, steps, 
     assert f"training for {steps:,} steps" in logged and f"at most {steps:,} steps" in logged
     assert ("bf16 mixed precision: this CPU has" in logged) == (units is not None)
     assert units is None or f"this CPU has {units}, where bf16 trains" in logged
+    assert ("on AMX the weights depend on the thread count" in logged) == (units == "AMX")  # and the run adapts them
     assert f"; {precision}; wall time" in (tmp_path / "README.md").read_text()
     assert results["train_precision"] == precision.split()[0]  # all_results.json records it too
 
