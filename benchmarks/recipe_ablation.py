@@ -349,7 +349,7 @@ def write_table() -> None:
                      "pre-norm at 2e-3 is the default since ac6cd5a); stage 4 (`s4-*`) from `python train.py` as of "
                      "7f779db with `--lr_scheduler_type inverse_sqrt --dropout 0.1` (pre-norm, Adam 2e-3; linear "
                      "decay for 3,600 steps is the default since aa60da3, no dropout since ab5a820; bf16 with "
-                     "4,320 steps on CPUs with AVX-512 BF16 since f7eea74; 5 % of the sources lower-cased since b66e4aa). The `bf16` rows run before 5f62e84 were "
+                     "4,320 steps on CPUs with AVX-512 BF16 since f7eea74; 5 % of the sources lower-cased since b66e4aa; paraphrases and plain quotes at 0.5, and bf16 on CPUs with AMX too, since 0f14453). The `bf16` rows run before 5f62e84 were "
                      "validated and tested under bf16 autocast, as train.py then did; their saved fp32 weights' test "
                      "scores, as users decode them, are in the robustness table. Later rows (`lower0.05`) decode "
                      "the saved weights. `threads × jobs`: torch threads of the "
