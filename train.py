@@ -13,13 +13,13 @@
 accelerate is configured for (`accelerate launch --quiet ...` for one process: a failed run then ends with this
 script's one-line error and no accelerate traceback).
 
-The work happens in `hf_scratch_transformer.training`; this file only hands it the model-card template.
+The work happens in `hf_scratch_transformer.training.run`; this file only hands it the model-card template.
 """
 
 import sys
 from pathlib import Path
 
-from hf_scratch_transformer.training import main
+from hf_scratch_transformer.training.run import main
 
 if __name__ == "__main__":
     sys.exit(main(model_card_template=Path(__file__).resolve().with_name("model_card.md")))

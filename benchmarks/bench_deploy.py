@@ -53,7 +53,7 @@ def generate_engine(path: str, max_new_tokens: int):
     """This package's generate(): (run(texts, batch_size, num_beams), decode(ids), weights on disk, model)."""
     import transformers
 
-    from hf_scratch_transformer.translate import load_model_and_tokenizer
+    from hf_scratch_transformer.translation.translate import load_model_and_tokenizer
     from hf_scratch_transformer.translation_core import TorchBackend, decode_ids
 
     transformers.logging.set_verbosity_error()
@@ -65,7 +65,7 @@ def generate_engine(path: str, max_new_tokens: int):
 
 def ct2_engine(path: str, threads: int, max_new_tokens: int):
     """A CTranslate2 export: (run, decode, weights on disk, None)."""
-    from hf_scratch_transformer.ct2 import CT2Backend
+    from hf_scratch_transformer.export.ct2 import CT2Backend
     from hf_scratch_transformer.translation_core import decode_ids
 
     backend = CT2Backend(path, device="cpu", intra_threads=threads)

@@ -238,13 +238,13 @@ def measure_ct2(preset, seed, threads, gen_batches, check_batch, new_tokens, rep
 
 # ---------------------------------------------------------------------------------------------- CTranslate2
 class CT2Reference:
-    """Our weights in a CTranslate2 TransformerSpec, built by hf_scratch_transformer.ct2.build_spec
+    """Our weights in a CTranslate2 TransformerSpec, built by hf_scratch_transformer.export.ct2.build_spec
     (our sinusoid table, <s> start, (out, in) weights whatever the layers store)."""
 
     def __init__(self, ours, threads: int):
         import ctranslate2
 
-        from hf_scratch_transformer.ct2 import build_spec  # the product's exporter, not a copy of it
+        from hf_scratch_transformer.export.ct2 import build_spec  # the product's exporter, not a copy of it
 
         self.version = ctranslate2.__version__
         self.tokens = ["<pad>", "<s>", "</s>", "<unk>"] + [f"t{i}" for i in range(FIRST_REAL_TOKEN, VOCAB)]

@@ -33,9 +33,7 @@ from transformers import GenerationConfig, MarianConfig, MarianMTModel  # noqa: 
 
 from hf_scratch_transformer.configuration_scratch_transformer import ScratchTransformerConfig  # noqa: E402
 from hf_scratch_transformer.cpu_threads import cpu_model_and_flags  # noqa: E402
-from hf_scratch_transformer.modeling_scratch_transformer import (  # noqa: E402
-    ScratchTransformerForConditionalGeneration,
-)
+from hf_scratch_transformer.modeling_scratch_transformer import ScratchTransformerForConditionalGeneration
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VOCAB = 8000
@@ -93,10 +91,10 @@ def train_py_batches(count: int, max_tokens: int = 2048, vocab_size: int = VOCAB
     The first `count` batches of the epoch, or with `spread` batches spaced evenly over it (short and long
     sentences alike). Returns the batches (input_ids, attention_mask, labels), the tokenizer's size and the number
     of batches in the epoch."""
-    from hf_scratch_transformer.data import (
-        DataArguments, load_parallel_corpus, make_batch_sampler, make_collator, preprocess_corpus,
-    )
-    from hf_scratch_transformer.tokenization import train_tokenizer_on_corpus
+    from hf_scratch_transformer.data.loading import DataArguments, load_parallel_corpus
+    from hf_scratch_transformer.data.batching import make_batch_sampler
+    from hf_scratch_transformer.data.preprocessing import make_collator, preprocess_corpus
+    from hf_scratch_transformer.data.tokenization import train_tokenizer_on_corpus
 
     data_args = DataArguments(max_tokens=max_tokens, tokenizer_vocab_size=vocab_size,
                               max_train_samples=max_train_samples)

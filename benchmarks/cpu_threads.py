@@ -50,7 +50,7 @@ def train_tokens_per_second(threads: int | None, steps: int, model_dir: Path, wo
 
 def translate_sentences_per_second(threads: int | None, model_dir: Path, sources: Path, work: Path,
                                    env: dict) -> float:
-    command = [sys.executable, "-m", "hf_scratch_transformer.cli", "--model", str(model_dir), "--input_file",
+    command = [sys.executable, "-m", "hf_scratch_transformer.translation.cli", "--model", str(model_dir), "--input_file",
                str(sources), "--output_file", str(work / "out.txt"), "--num_beams", "1", "--no_progress"]
     if threads is not None:
         command += ["--cpu_threads", str(threads)]
@@ -122,7 +122,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="cpu-threads-") as tmp:
         work = Path(tmp)
         model_dir = args.model or _train_small_model(work)
-        from hf_scratch_transformer.data import DataArguments, evaluation_pairs, load_parallel_corpus
+        from hf_scratch_transformer.data.loading import DataArguments, load_parallel_corpus
+        from hf_scratch_transformer.data.preprocessing import evaluation_pairs
 
         sources, _ = evaluation_pairs(load_parallel_corpus(DataArguments())["test"], DataArguments())
         source_file = work / "sources.txt"

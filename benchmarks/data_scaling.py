@@ -107,7 +107,7 @@ def child(argv: list[str], measurement: Path, cache: Path | None = None) -> int:
     """In a fresh process: train.py's main with its phases timed; the figures go to `measurement` (JSON). `cache`:
     the datasets cache to use when run in an existing process (a new one reads HF_DATASETS_CACHE)."""
     started = time.time()
-    from hf_scratch_transformer import training
+    from hf_scratch_transformer.training import run as training
 
     marks = {"imported": time.time()}
     with _instrumented(training, marks, cache):
@@ -125,7 +125,7 @@ def _instrumented(training, marks: dict, cache: Path | None):
     """The functions train.py calls for each phase, wrapped to record when they start and end (restored after)."""
     import datasets
 
-    from hf_scratch_transformer.loop import TrainingLoop
+    from hf_scratch_transformer.training.loop import TrainingLoop
 
     names = {"load": "load_parallel_corpus", "tokenizer": "train_tokenizer_on_corpus",
              "preprocess": "preprocess_corpus"}

@@ -27,7 +27,7 @@ TABLE = RESULTS.with_suffix(".md")
 OUTPUTS = REPO / "outputs" / "ablation"
 sys.path.insert(0, str(REPO))  # this checkout's package, installed or not (runs in worktrees stay apart)
 
-from hf_scratch_transformer.arguments import flags_to_argv  # noqa: E402
+from hf_scratch_transformer.training.arguments import flags_to_argv  # noqa: E402
 
 # train.py's defaults at the start of the ablation (commit 86dc356): small preset, joint BPE 8000, token batches
 # of 2048, Adam 1e-3, 400 warm-up steps then inverse-sqrt, label smoothing 0.1, dropout 0.1, post-norm, 3 epochs.
@@ -210,8 +210,9 @@ def score_on_validation(model_dir: Path, num_beams: int, threads: int, length_pe
     import torch
 
     from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
-    from hf_scratch_transformer.data import DataArguments, evaluation_pairs, is_nonempty_pair, load_parallel_corpus
-    from hf_scratch_transformer.evaluation import evaluate_translations
+    from hf_scratch_transformer.data.loading import DataArguments, load_parallel_corpus
+    from hf_scratch_transformer.data.preprocessing import evaluation_pairs, is_nonempty_pair
+    from hf_scratch_transformer.training.evaluation import evaluate_translations
     from transformers import AutoTokenizer
 
     torch.set_num_threads(threads)

@@ -25,7 +25,7 @@ import argparse
 import random
 import re
 
-from hf_scratch_transformer.tokenization import misspell
+from hf_scratch_transformer.data.tokenization import misspell
 
 BRITISH = {
     "honor": "honour", "honors": "honours", "honored": "honoured", "dishonor": "dishonour", "color": "colour",
@@ -101,7 +101,8 @@ def main() -> None:
     parser.add_argument("--split", default="test", choices=("validation", "test"))
     parser.add_argument("--show", type=int, default=5)
     args = parser.parse_args()
-    from hf_scratch_transformer.data import DataArguments, evaluation_pairs, load_parallel_corpus
+    from hf_scratch_transformer.data.loading import DataArguments, load_parallel_corpus
+    from hf_scratch_transformer.data.preprocessing import evaluation_pairs
 
     data_args = DataArguments()
     sources, _ = evaluation_pairs(load_parallel_corpus(data_args)[args.split], data_args)

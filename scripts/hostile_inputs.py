@@ -154,7 +154,7 @@ def tiny_flags(output_dir, **overrides) -> list[str]:
              "max_target_length": 64, "max_steps": 4, "logging_steps": 2, "save_steps": 2, "eval_steps": 0,
              "warmup_steps": 2, "eval_max_new_tokens": 8, "num_beams": 1, "report_to": "none",
              "max_position_embeddings": 128, "bf16": False}  # fp32 on every CPU (the default follows its bf16 units)
-    from hf_scratch_transformer.arguments import flags_to_argv
+    from hf_scratch_transformer.training.arguments import flags_to_argv
 
     # "{run}" in a value stands for the output directory (resume cases name a checkpoint inside it)
     flags.update({key: value.replace("{run}", str(output_dir)) if isinstance(value, str) else value
@@ -164,7 +164,7 @@ def tiny_flags(output_dir, **overrides) -> list[str]:
 
 def run_train(argv: list[str], env: dict | None = None) -> tuple[int, str]:
     """train.py's main in this process: (exit status, what it printed on stderr)."""
-    from hf_scratch_transformer.training import main
+    from hf_scratch_transformer.training.run import main
 
     err = io.StringIO()
     saved_env = {key: os.environ.get(key) for key in (env or {})}
@@ -183,7 +183,7 @@ def run_train(argv: list[str], env: dict | None = None) -> tuple[int, str]:
 
 def run_cli(argv: list[str], stdin: bytes | None = None) -> tuple[int, str]:
     """hf-scratch-translate's main in this process: (exit status, stderr)."""
-    from hf_scratch_transformer import cli
+    from hf_scratch_transformer.translation import cli
 
     err = io.StringIO()
     saved_stdin = sys.stdin
@@ -287,7 +287,7 @@ def config_case(name, filename, content, *parts, extra_flags=(), names_file=True
 def config_value_case(name, content, expected: dict, extra_flags=(), filename="run.yaml", flags_first=False) -> Case:
     """A config file that must be read as meant (named first, or after `extra_flags` with `flags_first`)."""
     def check(ws: Workspace) -> str:
-        from hf_scratch_transformer.arguments import parse_arguments
+        from hf_scratch_transformer.training.arguments import parse_arguments
 
         path = ws.fresh("config") / filename
         path.write_text(content)
@@ -385,7 +385,7 @@ def _output_is_a_file(ws: Workspace) -> str:
 
 
 def _output_locked(ws: Workspace) -> str:
-    from hf_scratch_transformer.run_directory import OutputDirLock
+    from hf_scratch_transformer.training.run_directory import OutputDirLock
 
     output_dir = ws.fresh("locked")
     other_run = OutputDirLock(output_dir)  # held here, as a run in this process would hold it
@@ -484,7 +484,7 @@ def _no_tokenizer(model: Path, ws) -> list:
 
 
 def _smaller_tokenizer(model: Path, ws) -> list:
-    from hf_scratch_transformer.tokenization import train_bpe_tokenizer
+    from hf_scratch_transformer.data.tokenization import train_bpe_tokenizer
 
     train_bpe_tokenizer(["a few words of another corpus"] * 5, vocab_size=300).save_pretrained(model)
     return ["Hello."]
@@ -538,8 +538,8 @@ def _expect_result(call, expected) -> str:
 
 
 def _oov(ws: Workspace) -> str:
-    from hf_scratch_transformer.tokenization import train_bpe_tokenizer
-    from hf_scratch_transformer.translate import translate
+    from hf_scratch_transformer.data.tokenization import train_bpe_tokenizer
+    from hf_scratch_transformer.translation.translate import translate
 
     model = _pipeline(ws).model
     bigger = train_bpe_tokenizer([text for pair in PAIRS for text in pair] * 3, vocab_size=800)
@@ -559,7 +559,7 @@ INFERENCE_CASES = [
 
 
 def _nan_without_checkpoint(ws: Workspace) -> str:
-    from hf_scratch_transformer.loop import TrainingLoop
+    from hf_scratch_transformer.training.loop import TrainingLoop
 
     real_loss = TrainingLoop._loss
     TrainingLoop._loss = lambda self, batch: real_loss(self, batch) * float("nan")

@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from hf_scratch_transformer.loop import TrainingLoop
-from hf_scratch_transformer.training import main
+from hf_scratch_transformer.training.loop import TrainingLoop
+from hf_scratch_transformer.training.run import main
 
 REAL_TRAIN_BATCH = TrainingLoop._train_batch
 MODEL_CARD_TEMPLATE = Path(__file__).resolve().parents[1] / "model_card.md"

@@ -15,9 +15,9 @@ from helpers import (
 
 import hf_scratch_transformer  # noqa: F401  (registers the Auto classes)
 from hf_scratch_transformer import ScratchTransformerConfig
-from hf_scratch_transformer.data import DataArguments, load_parallel_corpus
-from hf_scratch_transformer.tokenization import train_tokenizer_on_corpus
-from hf_scratch_transformer.training import main
+from hf_scratch_transformer.data.loading import DataArguments, load_parallel_corpus
+from hf_scratch_transformer.data.tokenization import train_tokenizer_on_corpus
+from hf_scratch_transformer.training.run import main
 
 collect_ignore = ["transformers_common"]  # mixins imported by test_modeling_transformers_common.py, not tests
 

@@ -15,9 +15,9 @@ import torch
 from transformers import GenerationConfig
 
 from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration
-from hf_scratch_transformer.arguments import flags_to_argv, parse_arguments
-from hf_scratch_transformer.tokenization import train_bpe_tokenizer
-from hf_scratch_transformer.training import main, run_training
+from hf_scratch_transformer.training.arguments import flags_to_argv, parse_arguments
+from hf_scratch_transformer.data.tokenization import train_bpe_tokenizer
+from hf_scratch_transformer.training.run import main, run_training
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_CARD_TEMPLATE = REPO / "model_card.md"
@@ -184,17 +184,17 @@ def png_size(path) -> tuple[int, int]:
 
 
 def run_cli(*args, stdin: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-    """Run `python -m hf_scratch_transformer.cli ARGS` in a fresh process, from the repository root."""
+    """Run `python -m hf_scratch_transformer.translation.cli ARGS` in a fresh process, from the repository root."""
     return start_cli(*args, stdin=stdin).result(timeout)
 
 
 def start_cli(*args, stdin: str | None = None) -> "CliRun":
-    """Start `python -m hf_scratch_transformer.cli ARGS` without waiting, so that runs overlap (each one spends
+    """Start `python -m hf_scratch_transformer.translation.cli ARGS` without waiting, so that runs overlap (each one spends
     seconds importing torch and transformers). One torch thread each: the model is tiny and the cores are shared."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "HF_HUB_OFFLINE": "1", "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "hf_scratch_transformer.cli", *map(str, args)],
+        [sys.executable, "-m", "hf_scratch_transformer.translation.cli", *map(str, args)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8",
         cwd=REPO, env=env,
     )

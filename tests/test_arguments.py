@@ -9,10 +9,17 @@ from helpers import MODEL_CARD_TEMPLATE, REPO, fails_with, run_tiny, tiny_run_fl
 import torch
 
 from hf_scratch_transformer import cpu_threads
-from hf_scratch_transformer.arguments import (BF16_CPU_STEP_BUDGET, DEFAULT_STEP_BUDGET, RunArguments, choose_precision,
-                                              parse_arguments, run_length, step_budget)
+from hf_scratch_transformer.training.arguments import (
+    BF16_CPU_STEP_BUDGET,
+    DEFAULT_STEP_BUDGET,
+    RunArguments,
+    choose_precision,
+    parse_arguments,
+    run_length,
+    step_budget,
+)
 from hf_scratch_transformer.errors import UsageError
-from hf_scratch_transformer.training import run_training
+from hf_scratch_transformer.training.run import run_training
 
 
 @pytest.mark.parametrize(

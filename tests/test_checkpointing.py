@@ -21,11 +21,11 @@ from helpers import (
 )
 from safetensors.torch import load_file
 
-from hf_scratch_transformer.arguments import RunArguments
-from hf_scratch_transformer.checkpointing import read_run_state
-from hf_scratch_transformer.loop import TrainingLoop
-from hf_scratch_transformer.run_directory import CHECKPOINT_COMPLETE, list_checkpoints
-from hf_scratch_transformer.training import main
+from hf_scratch_transformer.training.arguments import RunArguments
+from hf_scratch_transformer.training.checkpointing import read_run_state
+from hf_scratch_transformer.training.loop import TrainingLoop
+from hf_scratch_transformer.training.run_directory import CHECKPOINT_COMPLETE, list_checkpoints
+from hf_scratch_transformer.training.run import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
 
@@ -181,8 +181,8 @@ def test_the_data_fingerprint_counts_both_files_of_plain_text_pairs(tmp_path):
     """A prefix of plain-text pairs (train.en + train.es) is sized by both files: a change to either shows."""
     from datasets import Dataset
 
-    from hf_scratch_transformer.checkpointing import data_fingerprint
-    from hf_scratch_transformer.data import DataArguments
+    from hf_scratch_transformer.training.checkpointing import data_fingerprint
+    from hf_scratch_transformer.data.loading import DataArguments
 
     (tmp_path / "train.en").write_text("Jesus wept.\nGod is love.\n", encoding="utf-8")
     (tmp_path / "train.es").write_text("Jesús lloró.\nDios es amor.\n", encoding="utf-8")

@@ -13,8 +13,9 @@ import torch
 from helpers import PAIRS_EN_ES, REPO, png_size, start_cli
 from tmpfs import small_tmpfs
 
-from hf_scratch_transformer import cli, plotting
-from hf_scratch_transformer.translate import translate
+from hf_scratch_transformer import plotting
+from hf_scratch_transformer.translation import cli
+from hf_scratch_transformer.translation.translate import translate
 from hf_scratch_transformer.translation_core import format_alignment, hard_alignment
 
 SOURCES = [source for source, _ in PAIRS_EN_ES]
@@ -265,7 +266,7 @@ def test_a_missing_local_path_fails_in_seconds_without_asking_the_hub(tmp_path, 
 def _popen_cli(*args, stdout):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "hf_scratch_transformer.cli", *map(str, args)], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "hf_scratch_transformer.translation.cli", *map(str, args)], cwd=REPO, env=env,
                             stdin=subprocess.PIPE, stdout=stdout, stderr=subprocess.PIPE)
 
 

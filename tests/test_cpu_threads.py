@@ -196,7 +196,7 @@ def test_fp32_training_at_the_small_width_is_bit_identical_for_one_and_two_threa
 
 def test_translation_adapts_its_threads_in_the_cli_and_in_validation(tmp_path, trained_model_dir, caplog,
                                                                      two_threads_look_busy, capsys):
-    from hf_scratch_transformer import cli
+    from hf_scratch_transformer.translation import cli
 
     with caplog.at_level(logging.INFO, logger="hf_scratch_transformer"):
         code = cli.main(["--model", str(trained_model_dir), "--batch_size", "1", "Jesus wept.", "God is love.",
@@ -210,7 +210,7 @@ def test_translation_adapts_its_threads_in_the_cli_and_in_validation(tmp_path, t
 
 
 def test_the_cli_refuses_a_negative_thread_count_before_loading(capsys):
-    from hf_scratch_transformer import cli
+    from hf_scratch_transformer.translation import cli
 
     assert cli.main(["--model", "does-not-matter", "--cpu_threads", "-1", "hi"]) == 2
     assert "--cpu_threads must be a whole number >= 0" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""CTranslate2 export (hf_scratch_transformer.ct2) and `hf-scratch-translate --backend ct2`.
+"""CTranslate2 export (hf_scratch_transformer.export.ct2) and `hf-scratch-translate --backend ct2`.
 
 The exported model must decode to the token ids of `generate()` itself (greedy and beam search), on a tiny model
 trained on the CLI fixtures' sentence pairs plus sentences it has never seen (one truncated to the model's
@@ -16,7 +16,7 @@ from helpers import PAIRS_EN_ES, REPO, run_cli, start_cli
 from tmpfs import small_tmpfs
 
 from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration
-from hf_scratch_transformer.ct2 import (
+from hf_scratch_transformer.export.ct2 import (
     INSTALL_HINT,
     CT2Backend,
     CT2ExportError,
@@ -214,7 +214,7 @@ def test_missing_ctranslate2_is_one_clear_line(trained_model_dir, tmp_path, monk
     error = capsys.readouterr().err
     assert status == 2
     assert error.count("\n") == 1 and INSTALL_HINT in error and "not installed" in error
-    from hf_scratch_transformer import cli
+    from hf_scratch_transformer.translation import cli
 
     assert cli.main(["--backend", "ct2", "--model", str(tmp_path), "Jesus wept."]) == 2
     error = capsys.readouterr().err
@@ -224,10 +224,10 @@ def test_missing_ctranslate2_is_one_clear_line(trained_model_dir, tmp_path, monk
 # ------------------------------------------------------------------------------------------------- the CLI
 def test_export_command_then_translate_backend_matches_default_backend(model_dir, tmp_path):
     out = tmp_path / "ct2"
-    export = run_cli_module("hf_scratch_transformer.ct2", "--model", model_dir, "--output_dir", out)
+    export = run_cli_module("hf_scratch_transformer.export.ct2", "--model", model_dir, "--output_dir", out)
     assert export.returncode == 0, export.stderr
     assert "written to" in export.stderr
-    again = run_cli_module("hf_scratch_transformer.ct2", "--model", model_dir, "--output_dir", out)
+    again = run_cli_module("hf_scratch_transformer.export.ct2", "--model", model_dir, "--output_dir", out)
     assert again.returncode == 2 and "not empty" in again.stderr
 
     lines = ["Jesus wept.", "", "In the beginning God created the heavens and the earth.", "   ", "God is love.",
@@ -283,8 +283,9 @@ def run_cli_module(module, *args):
 def test_every_path_gives_the_same_translations(model_dir, exported, tmp_path, num_beams, capsys):
     """translate(), the pipeline, the command line with either backend and the CTranslate2 backend through the
     core: the same lines, each batched differently (a sentence's length bound is its own)."""
-    from hf_scratch_transformer import cli, translation_pipeline
-    from hf_scratch_transformer.translate import load_model_and_tokenizer, translate
+    from hf_scratch_transformer import translation_pipeline
+    from hf_scratch_transformer.translation import cli
+    from hf_scratch_transformer.translation.translate import load_model_and_tokenizer, translate
 
     model, tokenizer = load_model_and_tokenizer(model_dir)
     texts = [PAIRS_EN_ES[0][0], "", *UNSEEN, "   ", PAIRS_EN_ES[5][0]]
@@ -304,7 +305,7 @@ def test_every_path_gives_the_same_translations(model_dir, exported, tmp_path, n
 
 
 def test_ctranslate2_gives_the_same_nbest_lists_and_scores(model_dir, exported):
-    from hf_scratch_transformer.translate import load_model_and_tokenizer, translate
+    from hf_scratch_transformer.translation.translate import load_model_and_tokenizer, translate
 
     model, tokenizer = load_model_and_tokenizer(model_dir)
     texts = [source for source, _ in PAIRS_EN_ES[:8]] + UNSEEN[:3]

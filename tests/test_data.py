@@ -9,25 +9,25 @@ from datasets import Dataset, DatasetDict, IterableDataset
 from helpers import CORPUS_PAIRS, fails_with, pair_records, saved_files, tiny_run_flags, write_jsonl
 from transformers import DataCollatorForSeq2Seq
 
-import hf_scratch_transformer.data as data
-from hf_scratch_transformer.arguments import check_values, parse_arguments
-from hf_scratch_transformer.data import (
-    CorpusError,
-    DataArguments,
+from hf_scratch_transformer.training.arguments import check_values, parse_arguments
+from hf_scratch_transformer.data import loading
+from hf_scratch_transformer.data.loading import CORPUS_DIR, CorpusError, DataArguments, load_parallel_corpus
+from hf_scratch_transformer.data.batching import (
     SentenceBatchSampler,
     TokenBucketBatchSampler,
-    evaluation_pairs,
-    load_parallel_corpus,
     make_batch_sampler,
-    make_collator,
     padding_fraction,
+)
+from hf_scratch_transformer.data.preprocessing import (
+    evaluation_pairs,
+    make_collator,
     preprocess_corpus,
     sequence_lengths,
 )
-from hf_scratch_transformer.run_directory import check_output_dir
-from hf_scratch_transformer.tokenization import train_tokenizer_on_corpus
+from hf_scratch_transformer.training.run_directory import check_output_dir
+from hf_scratch_transformer.data.tokenization import train_tokenizer_on_corpus
 
-DATA_CARD = Path(data.CORPUS_DIR) / "README.md"
+DATA_CARD = CORPUS_DIR / "README.md"
 PAIRS = [
     {"en": "In the beginning God created the heavens.", "es": "En el principio creó Dios los cielos."},
     {"en": "Jesus wept.", "es": "Y lloró Jesús."},
@@ -188,7 +188,7 @@ def test_unreachable_hub_names_the_dataset_and_suggests_files(monkeypatch):
     def offline(*args, **kwargs):
         raise ConnectionError("Couldn't reach 'wmt16' on the Hub")
 
-    monkeypatch.setattr(data, "load_dataset", offline)
+    monkeypatch.setattr(loading, "load_dataset", offline)
     with pytest.raises(ConnectionError, match=r"'wmt16'.*--train_file"):
         load_parallel_corpus(DataArguments(dataset_name="wmt16", dataset_config_name="ro-en"))
 
@@ -196,7 +196,7 @@ def test_unreachable_hub_names_the_dataset_and_suggests_files(monkeypatch):
 def test_hub_style_dataset_with_dev_split_is_accepted(monkeypatch):
     rows = {"translation": [{"ro": "Bună", "en": "Hello"}] * 4}
     hub = DatasetDict({split: Dataset.from_dict(rows) for split in ("train", "dev", "test")})
-    monkeypatch.setattr(data, "load_dataset", lambda *args, **kwargs: hub)
+    monkeypatch.setattr(loading, "load_dataset", lambda *args, **kwargs: hub)
     corpus = load_parallel_corpus(DataArguments(dataset_name="wmt16", source_lang="ro", target_lang="en"))
     assert sorted(corpus) == ["test", "train", "validation"]
 
@@ -409,7 +409,7 @@ def test_spanish_to_english_trains_on_english_labels(shipped_corpus, tmp_path):
     """The direction comes from the flags: with es→en the labels are the English side, and the tokenizer says so."""
     from transformers import AutoTokenizer
 
-    from hf_scratch_transformer.tokenization import language_pair
+    from hf_scratch_transformer.data.tokenization import language_pair
 
     raw = DatasetDict({name: shipped_corpus[name].select(range(40)) for name in ("train", "validation", "test")})
     args = DataArguments(source_lang="es", target_lang="en")
@@ -425,7 +425,7 @@ def test_spanish_to_english_trains_on_english_labels(shipped_corpus, tmp_path):
 
 
 def test_giant_words_and_over_long_sides_are_dropped_before_tokenising_and_counted(tmp_path, corpus_tokenizer):
-    from hf_scratch_transformer.tokenization import MAX_WORD_CHARS, _both_sides
+    from hf_scratch_transformer.data.tokenization import MAX_WORD_CHARS, _both_sides
 
     giant = "x" * (MAX_WORD_CHARS + 1)
     train = [{"en": "A good sentence.", "es": "Una buena frase."},

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from huggingface_hub import ModelCard, SpaceCard
 
-from hf_scratch_transformer import demo
-from hf_scratch_transformer.data import SHIPPED_CORPUS_FILES, SHIPPED_DATASET_ID
+from hf_scratch_transformer.translation import demo
+from hf_scratch_transformer.data.loading import SHIPPED_CORPUS_FILES, SHIPPED_DATASET_ID
 from hf_scratch_transformer.errors import UsageError
-from hf_scratch_transformer.run_directory import TEST_SOURCES_FILE
-from hf_scratch_transformer.translate import translate
+from hf_scratch_transformer.translation.translate import TEST_SOURCES_FILE
+from hf_scratch_transformer.translation.translate import translate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -197,7 +197,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-# Runs `python -m hf_scratch_transformer.demo ARGS` with an audit hook that logs every connection and name lookup
+# Runs `python -m hf_scratch_transformer.translation.demo ARGS` with an audit hook that logs every connection and name lookup
 # the process makes (sys.addaudithook: events "socket.connect" and "socket.getaddrinfo").
 AUDITED_DEMO = textwrap.dedent("""
     import json, runpy, sys
@@ -209,7 +209,7 @@ AUDITED_DEMO = textwrap.dedent("""
             log.write(json.dumps({"lookup": repr(args[0])}) + "\\n"); log.flush()
     sys.addaudithook(hook)
     sys.argv[0] = "hf-scratch-demo"
-    runpy.run_module("hf_scratch_transformer.demo", run_name="__main__")
+    runpy.run_module("hf_scratch_transformer.translation.demo", run_name="__main__")
 """)
 
 

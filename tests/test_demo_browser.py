@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from test_demo import REPO, SENTENCE, _free_port, _wait_for_page
 
-from hf_scratch_transformer import demo
-from hf_scratch_transformer.translate import load_model_and_tokenizer
+from hf_scratch_transformer.translation import demo
+from hf_scratch_transformer.translation.translate import load_model_and_tokenizer
 
 pytestmark = pytest.mark.slow
 CHROMIUM = Path("/usr/bin/chromium")
@@ -31,7 +31,7 @@ def served_demo(trained_model_dir):
     model = os.environ.get("DEMO_BROWSER_MODEL", str(trained_model_dir))
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    process = subprocess.Popen([sys.executable, "-m", "hf_scratch_transformer.demo", "--model", model, "--port",
+    process = subprocess.Popen([sys.executable, "-m", "hf_scratch_transformer.translation.demo", "--model", model, "--port",
                                 str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_page(f"http://127.0.0.1:{port}/", process)

@@ -26,7 +26,7 @@ from batch_trace import read_trace
 from helpers import REPO, quick_flags
 from safetensors.torch import load_file
 
-from hf_scratch_transformer.run_directory import CHECKPOINT_COMPLETE, LOCK_FILE
+from hf_scratch_transformer.training.run_directory import CHECKPOINT_COMPLETE, LOCK_FILE
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

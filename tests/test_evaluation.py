@@ -5,8 +5,8 @@ import itertools
 import pytest
 from helpers import run_quick
 
-from hf_scratch_transformer import evaluation
-from hf_scratch_transformer.evaluation import divergence_warning
+from hf_scratch_transformer.training import evaluation
+from hf_scratch_transformer.training.evaluation import divergence_warning
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
 

@@ -17,8 +17,8 @@ from helpers import MODEL_CARD_TEMPLATE, REPO, fails_with, quick_flags, run_quic
 from safetensors.torch import load_file
 
 from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
-from hf_scratch_transformer.loop import TrainingLoop
-from hf_scratch_transformer.training import main
+from hf_scratch_transformer.training.loop import TrainingLoop
+from hf_scratch_transformer.training.run import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
 

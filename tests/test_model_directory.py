@@ -4,7 +4,7 @@ push fails cleanly. (A failed final save on a real full disk: test_run_directory
 from helpers import MODEL_CARD_TEMPLATE, tiny_run_flags
 from transformers import AutoModelForSeq2SeqLM
 
-from hf_scratch_transformer.training import main
+from hf_scratch_transformer.training.run import main
 
 
 def test_weights_are_written_only_as_safetensors(finished_run):

@@ -12,10 +12,7 @@ from hf_scratch_transformer import (
     ScratchTransformerModel,
 )
 from hf_scratch_transformer import modeling_scratch_transformer as modeling
-from hf_scratch_transformer.modeling_scratch_transformer import (
-    SinusoidalPositionalEncoding,
-    shift_tokens_right,
-)
+from hf_scratch_transformer.modeling_scratch_transformer import SinusoidalPositionalEncoding, shift_tokens_right
 
 SOURCE = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 12, 2, 0, 0]])
 SOURCE_MASK = (SOURCE != 0).long()

@@ -14,7 +14,7 @@ from hf_scratch_transformer.plotting import (
     plot_training_curves,
     token_labels,
 )
-from hf_scratch_transformer.translate import translate
+from hf_scratch_transformer.translation.translate import translate
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -18,15 +18,15 @@ from hostile_inputs import PAGE, Skipped, SmallDisk, disk_usage
 from safetensors.torch import save_file
 
 from hf_scratch_transformer.errors import TrainingFault
-from hf_scratch_transformer.run_directory import (
+from hf_scratch_transformer.training.run_directory import (
     LOCK_FILE,
     checkpoint_bytes,
     guarded_write,
     human_size,
     list_checkpoints,
 )
-from hf_scratch_transformer.training import main
-from hf_scratch_transformer.translate import load_model_and_tokenizer
+from hf_scratch_transformer.training.run import main
+from hf_scratch_transformer.translation.translate import load_model_and_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
 ROOMY = 64 << 20  # what a disk is grown to once space has been "freed"
@@ -253,7 +253,7 @@ def test_predicting_into_a_model_directory_does_not_replace_its_results(finished
 
 def test_a_stale_lock_is_taken_over_and_the_lock_is_released_after_the_run(tmp_path):
     """The lock of a run killed without releasing it (a real one: taken by a process that then dies)."""
-    code = ("import os, sys; from hf_scratch_transformer.run_directory import OutputDirLock; "
+    code = ("import os, sys; from hf_scratch_transformer.training.run_directory import OutputDirLock; "
             "lock = OutputDirLock(sys.argv[1]); lock.acquire(); os._exit(0)")  # dies holding it
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, env=env)

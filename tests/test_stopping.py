@@ -9,9 +9,9 @@ import torch
 from helpers import run_quick
 from safetensors.torch import load_file
 
-from hf_scratch_transformer.arguments import RunArguments, run_length
-from hf_scratch_transformer.evaluation import Evaluator
-from hf_scratch_transformer.stopping import StoppingRules
+from hf_scratch_transformer.training.arguments import RunArguments, run_length
+from hf_scratch_transformer.training.evaluation import Evaluator
+from hf_scratch_transformer.training.stopping import StoppingRules
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
 

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from helpers import TOKENIZER_VOCAB_SIZE
-from hf_scratch_transformer.tokenization import sample_sentences, train_bpe_tokenizer, train_tokenizer_on_corpus
+from hf_scratch_transformer.data.tokenization import sample_sentences, train_bpe_tokenizer, train_tokenizer_on_corpus
 
 UNSEEN_TEXTS = [
     "你好，世界。日本語のテキスト",
@@ -83,7 +83,7 @@ def test_corpus_training_wants_a_split_not_a_dict(shipped_corpus):
 def test_language_pair_is_saved_with_the_tokenizer_and_read_back(tmp_path):
     from datasets import Dataset
 
-    from hf_scratch_transformer.tokenization import language_pair
+    from hf_scratch_transformer.data.tokenization import language_pair
 
     pairs = Dataset.from_dict({"translation": [{"es": "Hola, mundo.", "en": "Hello, world."}] * 20})
     tokenizer = train_tokenizer_on_corpus(pairs, "es", "en", vocab_size=300)
@@ -98,7 +98,7 @@ def test_language_pair_is_saved_with_the_tokenizer_and_read_back(tmp_path):
 def test_language_pair_is_unknown_for_a_tokenizer_that_does_not_say(tmp_path):
     from types import SimpleNamespace
 
-    from hf_scratch_transformer.tokenization import language_pair
+    from hf_scratch_transformer.data.tokenization import language_pair
 
     plain = train_bpe_tokenizer(["a few words"] * 5, vocab_size=300)
     plain.save_pretrained(tmp_path)
@@ -110,7 +110,7 @@ def test_language_pair_is_unknown_for_a_tokenizer_that_does_not_say(tmp_path):
 def test_a_large_dataset_is_sampled_by_pairs_without_reading_every_row():
     from datasets import Dataset
 
-    from hf_scratch_transformer.tokenization import _sampled_pairs
+    from hf_scratch_transformer.data.tokenization import _sampled_pairs
 
     pairs = Dataset.from_dict({"translation": [{"en": f"s{i}", "es": f"f{i}"} for i in range(1000)]})
     sample = _sampled_pairs(pairs, max_sentences=100, seed=1)

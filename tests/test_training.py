@@ -8,7 +8,7 @@ import pytest
 from helpers import MODEL_CARD_TEMPLATE, run_tiny, tiny_run_flags
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
-from hf_scratch_transformer.training import main
+from hf_scratch_transformer.training.run import main
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,8 @@ def test_the_test_sources_are_saved_beside_their_translations(long_run):
     sources = (output_dir / "test_sources.txt").read_text(encoding="utf-8").splitlines()
     predictions = (output_dir / "generated_predictions.txt").read_text(encoding="utf-8").splitlines()
     assert len(sources) == len(predictions) > 0
-    from hf_scratch_transformer.data import DataArguments, evaluation_pairs, load_parallel_corpus
+    from hf_scratch_transformer.data.loading import DataArguments, load_parallel_corpus
+    from hf_scratch_transformer.data.preprocessing import evaluation_pairs
 
     expected, _ = evaluation_pairs(load_parallel_corpus(DataArguments())["test"], DataArguments())
     assert sources == expected[: len(sources)]

@@ -11,9 +11,9 @@ import torch
 from helpers import PAIRS, run_quick
 from safetensors.torch import load_file
 
-from hf_scratch_transformer.data import source_paraphrases
-from hf_scratch_transformer.loop import TrainingNoiseCollator, TrainingLoop
-from hf_scratch_transformer.tokenization import BPEDropout, SourceNoise, misspell
+from hf_scratch_transformer.data.preprocessing import source_paraphrases
+from hf_scratch_transformer.training.loop import TrainingNoiseCollator, TrainingLoop
+from hf_scratch_transformer.data.tokenization import BPEDropout, SourceNoise, misspell
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
 NO_SOURCE_NOISE = dict(source_paraphrase_rate=0.0, source_plain_quotes_rate=0.0, source_lowercase_rate=0.0)
@@ -212,7 +212,7 @@ def test_sources_the_noise_leaves_alone_keep_their_ids(corpus_tokenizer):
 def test_source_noise_flags_are_checked_before_training(tmp_path):
     from helpers import quick_flags
 
-    from hf_scratch_transformer.arguments import parse_arguments
+    from hf_scratch_transformer.training.arguments import parse_arguments
     from hf_scratch_transformer.errors import UsageError
 
     for flag, value in (("source_lowercase_rate", 1.0), ("source_typo_rate", -0.1), ("source_paraphrase_rate", 1.0),
@@ -315,7 +315,7 @@ def test_paraphrases_replace_training_sources_only(tmp_path, monkeypatch, shippe
 def test_a_json_lines_corpus_of_ones_own_gives_paraphrases(tmp_path, corpus_tokenizer):
     from helpers import CORPUS_PAIRS, write_jsonl
 
-    from hf_scratch_transformer.data import DataArguments, load_parallel_corpus
+    from hf_scratch_transformer.data.loading import DataArguments, load_parallel_corpus
 
     records = [{"translation": {"en": en, "es": es}, "paraphrases": {"en": [en.upper()] if i % 2 else []}}
                for i, (en, es) in enumerate(CORPUS_PAIRS)]
@@ -327,7 +327,7 @@ def test_a_json_lines_corpus_of_ones_own_gives_paraphrases(tmp_path, corpus_toke
     assert table == with_some
     records[3]["paraphrases"] = {"en": "not a list"}
     write_jsonl(train, records)
-    from hf_scratch_transformer.corpus_files import CorpusError
+    from hf_scratch_transformer.data.corpus_files import CorpusError
 
     with pytest.raises(CorpusError, match=r"line 4: `paraphrases` must be an object of lists of strings"):
         load_parallel_corpus(DataArguments(train_file=str(train), validation_file=str(train)))

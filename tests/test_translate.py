@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from hf_scratch_transformer import cli, translation_pipeline
-from hf_scratch_transformer.translate import ModelLoadError, load_model_and_tokenizer, translate
+from hf_scratch_transformer import translation_pipeline
+from hf_scratch_transformer.translation import cli
+from hf_scratch_transformer.translation.translate import ModelLoadError, load_model_and_tokenizer, translate
 from hf_scratch_transformer.translation_core import format_alignment, hard_alignment
 
 

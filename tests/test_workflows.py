@@ -18,15 +18,11 @@ from helpers import MODEL_CARD_TEMPLATE, PAIRS_EN_ES, tiny_run_flags
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig, pipeline
 
-from hf_scratch_transformer import (
-    ScratchTransformerForConditionalGeneration,
-    TranslationPipeline,
-    cli,
-    translation_pipeline,
-)
-from hf_scratch_transformer.run_directory import RUN_STATE_FILE
-from hf_scratch_transformer.training import main
-from hf_scratch_transformer.translate import ModelLoadError, load_model_and_tokenizer, translate
+from hf_scratch_transformer import ScratchTransformerForConditionalGeneration, TranslationPipeline, translation_pipeline
+from hf_scratch_transformer.translation import cli
+from hf_scratch_transformer.training.run_directory import RUN_STATE_FILE
+from hf_scratch_transformer.training.run import main
+from hf_scratch_transformer.translation.translate import ModelLoadError, load_model_and_tokenizer, translate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -43,7 +43,7 @@ def _refused(name: str, make, *parts: str, code: int = 2) -> Case:
 def _loads(name: str, make, expected_pairs) -> Case:
     """The corpus `make(ws, folder)` returns loads, every pair exactly as expected."""
     def check(ws: Workspace) -> str:
-        from hf_scratch_transformer.data import DataArguments, load_parallel_corpus
+        from hf_scratch_transformer.data.loading import DataArguments, load_parallel_corpus
 
         path = str(make(ws, ws.fresh(name)))
         good = str(ws.corpus())
@@ -107,7 +107,7 @@ def _header_only_tsv(ws, folder):
 
 
 def _over_long_line(ws, folder):
-    from hf_scratch_transformer.corpus_files import MAX_LINE_BYTES
+    from hf_scratch_transformer.data.corpus_files import MAX_LINE_BYTES
 
     with open(folder / "train.en", "wb") as handle:
         handle.write(b"Hello.\n" + b"a " * (MAX_LINE_BYTES // 2 + 1) + b"\n")
@@ -230,7 +230,7 @@ def _pipe_case(name: str, content: bytes, streaming: bool, *parts: str) -> Case:
 
 
 def _pipe_loads(ws: Workspace) -> str:
-    from hf_scratch_transformer.data import DataArguments, load_parallel_corpus
+    from hf_scratch_transformer.data.loading import DataArguments, load_parallel_corpus
 
     good = str(ws.corpus())
     tsv = "".join(f"{en}\t{es}\n" for en, es in PAIRS).encode()
@@ -344,8 +344,9 @@ QUOTED = [('"Hello," he said.', '"Hallo", sagte er.'), ('It is "fine', 'Está "b
 
 def _giant_word(ws: Workspace) -> str:
     """A 1 MB line without spaces: dropped before tokenizer training (which would take minutes) and counted."""
-    from hf_scratch_transformer.data import DataArguments, load_parallel_corpus, preprocess_corpus
-    from hf_scratch_transformer.tokenization import train_tokenizer_on_corpus
+    from hf_scratch_transformer.data.loading import DataArguments, load_parallel_corpus
+    from hf_scratch_transformer.data.preprocessing import preprocess_corpus
+    from hf_scratch_transformer.data.tokenization import train_tokenizer_on_corpus
 
     pairs = _plain_pairs(ws.fresh("giant"), EN + ["x" * 2**20], ES + ["y"])
     good = str(ws.corpus())

@@ -22,7 +22,7 @@ GRADIO_MISSING = ("needs gradio", "pip install", "[demo]")
 def run_demo(argv: list) -> tuple[int, str]:
     """hf-scratch-demo's main in this process: (exit status, stderr). Every case here fails before the server
     would start."""
-    from hf_scratch_transformer import demo
+    from hf_scratch_transformer.translation import demo
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):

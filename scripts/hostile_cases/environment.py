@@ -28,7 +28,7 @@ def _expect_left(directory: Path, expected: list[str]) -> None:
 
 
 def _complete_checkpoints(directory: Path) -> list[str]:
-    from hf_scratch_transformer.run_directory import list_checkpoints
+    from hf_scratch_transformer.training.run_directory import list_checkpoints
 
     return [path.name for path in list_checkpoints(directory)]
 

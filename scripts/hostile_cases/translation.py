@@ -23,7 +23,7 @@ CATEGORY = "translation"
 def run(argv: list, stdin: bytes = b"", stdout=None) -> tuple[int, str, str]:
     """hf-scratch-translate's main in this process: (exit status, stderr, stdout); argparse's own refusals
     (SystemExit) count as exit statuses. `stdout` replaces standard output (default: captured)."""
-    from hf_scratch_transformer import cli
+    from hf_scratch_transformer.translation import cli
 
     err, out = io.StringIO(), stdout if stdout is not None else io.StringIO()
     saved = sys.stdin, sys.stdout
@@ -229,7 +229,7 @@ STREAM_CASES = [Case("stdout_is_dev_full", CATEGORY, _full_stdout),
 
 # ------------------------------------------------------------------------------------------ API and pipeline
 def _loaded(ws: Workspace):
-    from hf_scratch_transformer.translate import load_model_and_tokenizer
+    from hf_scratch_transformer.translation.translate import load_model_and_tokenizer
 
     if not hasattr(ws, "_translation_model"):
         ws._translation_model = load_model_and_tokenizer(ws.model_dir())
@@ -238,7 +238,7 @@ def _loaded(ws: Workspace):
 
 def _api(texts, kind, *parts, **options):
     def check(ws: Workspace) -> str:
-        from hf_scratch_transformer.translate import translate
+        from hf_scratch_transformer.translation.translate import translate
 
         model, tokenizer = _loaded(ws)
         return _expect_value_error(lambda: translate(model, tokenizer, texts, **options), *parts, kind=kind)
@@ -253,7 +253,7 @@ def _pipeline_none(ws: Workspace) -> str:
 
 
 def _ct2_export_name_too_long(ws: Workspace) -> str:
-    from hf_scratch_transformer.ct2 import main
+    from hf_scratch_transformer.export.ct2 import main
 
     parent = ws.fresh("ct2")
     err = io.StringIO()

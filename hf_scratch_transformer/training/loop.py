@@ -22,15 +22,16 @@ from transformers import get_scheduler
 
 from .arguments import choose_precision, precision, run_length, step_budget
 from .checkpointing import RunState, load_checkpoint, resume_settings
-from .cpu_threads import thread_tuner
-from .data import make_batch_sampler, padding_fraction, sequence_lengths
+from ..cpu_threads import thread_tuner
+from ..data.batching import make_batch_sampler, padding_fraction
+from ..data.preprocessing import sequence_lengths
 from .distributed import check_shared_output_dir, quiet_other_processes, start_process_group, watch_processes
-from .errors import RunInterrupted, TrainingFault, UsageError
+from ..errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import log_row
 from .model_directory import push_during_training
 from .run_directory import checkpoint_name, list_checkpoints, save_checkpoint, staging_folder
 from .stopping import METRIC_NAMES, StoppingRules
-from .tokenization import BPEDropout, SourceNoise
+from ..data.tokenization import BPEDropout, SourceNoise
 
 logger = logging.getLogger("hf_scratch_transformer")
 STREAM_SHUFFLE_BUFFER = 10_000  # examples in the shuffle buffer of a --streaming training split

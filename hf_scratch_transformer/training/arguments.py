@@ -18,11 +18,11 @@ import torch
 import yaml
 from transformers import HfArgumentParser
 
-from .configuration_scratch_transformer import DEFAULT_PRESET, PRESETS, ScratchTransformerConfig
-from .cpu_threads import cpu_bf16_units
-from .data import DataArguments
-from .errors import UsageError, check_range
-from .translation_core import DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B, DecodingOptions, InvalidOption
+from ..configuration_scratch_transformer import DEFAULT_PRESET, PRESETS, ScratchTransformerConfig
+from ..cpu_threads import cpu_bf16_units
+from ..data.loading import DataArguments
+from ..errors import UsageError, check_range
+from ..translation_core import DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B, DecodingOptions, InvalidOption
 
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 LR_SCHEDULERS = ("inverse_sqrt", "linear", "cosine", "constant_with_warmup")  # transformers.get_scheduler names

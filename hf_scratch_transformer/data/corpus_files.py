@@ -29,7 +29,7 @@ from functools import partial
 from itertools import chain, zip_longest
 from pathlib import Path
 
-from .errors import UsageError
+from ..errors import UsageError
 
 LAYOUTS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "tsv"}  # by file name; plain pairs by prefix
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz")

@@ -27,7 +27,7 @@ from accelerate import PartialState
 from accelerate.checkpointing import save_accelerator_state
 from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_object
 
-from .errors import TrainingFault, UsageError
+from ..errors import TrainingFault, UsageError
 
 logger = logging.getLogger("hf_scratch_transformer")
 RANK_VARIABLES = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 from safetensors import SafetensorError, safe_open
 
-from .translation_core import (
+from ..translation_core import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_LEN_A,
     DEFAULT_MAX_LEN_B,
@@ -32,6 +32,7 @@ from .translation_core import (
 )
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+TEST_SOURCES_FILE = "test_sources.txt"  # a trained model's test sources (line N for prediction N): the demo's examples
 PICKLE_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "sentencepiece.bpe.model", "spiece.model")
 JSON_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

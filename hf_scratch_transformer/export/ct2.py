@@ -96,7 +96,7 @@ def unexpressible_settings(config) -> list[str]:
 def vocabulary_tokens(tokenizer, size: int) -> list[str]:
     """The tokenizer's tokens in id order, `size` of them: ids the tokenizer lacks (embeddings padded to a
     multiple) get unique placeholders, which the model never sees in input and practically never generates."""
-    from .translation_core import check_tokenizer_fits
+    from ..translation_core import check_tokenizer_fits
 
     try:
         check_tokenizer_fits(tokenizer, size)
@@ -243,7 +243,7 @@ def export_ct2(model_dir, output_dir, quantization: str | None = None, force: bo
     ctranslate2 = require_ctranslate2()
     quantization = quantization or "float32"
     output = _check_export_target(model_dir, output_dir, quantization, force)
-    from .translate import load_model_and_tokenizer
+    from ..translation.translate import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(model_dir, "cpu")
     problems = unexpressible_settings(model.config)
@@ -255,7 +255,7 @@ def export_ct2(model_dir, output_dir, quantization: str | None = None, force: bo
     with torch.no_grad():
         spec = build_spec(model, tokens)
     spec.optimize(quantization=quantization)
-    from . import __version__
+    from .. import __version__
 
     info = {"format": 1, "exported_from": os.fspath(model_dir), "quantization": quantization,
             "hf_scratch_transformer": __version__, "ctranslate2": ctranslate2.__version__,
@@ -282,7 +282,7 @@ def _check_export_target(model_dir, output_dir, quantization: str, force: bool) 
         if output.is_dir() and any(output.iterdir()) and not force:
             raise CT2ExportError(f"--output_dir {output} is not empty (use --force to overwrite)")
     except OSError as error:  # a name too long, a folder that cannot be listed
-        from .cli import describe_write_error
+        from ..translation.cli import describe_write_error
 
         raise CT2WriteError(*describe_write_error(error, "the CTranslate2 model", output)) from None
     if Path(model_dir).expanduser().resolve() == output.resolve():
@@ -306,7 +306,7 @@ def write_directory(output: Path, write, what: str) -> None:
         for folder in reversed(created):
             with contextlib.suppress(OSError):
                 folder.rmdir()
-        from .cli import describe_write_error
+        from ..translation.cli import describe_write_error
 
         message, status = describe_write_error(error, what, output)
         raise CT2WriteError(message, status) from None
@@ -360,8 +360,8 @@ class CT2Backend:
         ctranslate2 = require_ctranslate2()
         from transformers import GenerationConfig
 
-        from .translate import load_tokenizer
-        from .translation_core import check_tokenizer_fits
+        from ..translation.translate import load_tokenizer
+        from ..translation_core import check_tokenizer_fits
 
         path = Path(model_dir).expanduser()
         _check_ct2_dir(path, model_dir)
@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:
         require_ctranslate2()
-        from .translate import ModelLoadError
+        from ..translation.translate import ModelLoadError
 
         if not args.debug:
             import transformers

@@ -16,11 +16,11 @@ import transformers
 from huggingface_hub import HfApi
 
 from .arguments import precision
-from .cpu_threads import cpu_bf16_units, cpu_model_and_flags
-from .data import SHIPPED_DATASET_ID
-from .errors import TrainingFault
+from ..cpu_threads import cpu_bf16_units, cpu_model_and_flags
+from ..data.loading import SHIPPED_DATASET_ID
+from ..errors import TrainingFault
 from .model_card import render_model_card
-from .plotting import plot_training_curves
+from ..plotting import plot_training_curves
 from .run_directory import (
     ALL_RESULTS_FILE,
     HUB_IGNORE,

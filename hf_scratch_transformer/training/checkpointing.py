@@ -14,8 +14,8 @@ from pathlib import Path
 from datasets import Dataset
 from safetensors.torch import load_file
 
-from .corpus_files import CorpusError, resolve_corpus_files
-from .errors import UsageError
+from ..data.corpus_files import CorpusError, resolve_corpus_files
+from ..errors import UsageError
 from .run_directory import RUN_STATE_FILE, list_checkpoints
 
 logger = logging.getLogger("hf_scratch_transformer")

@@ -7,7 +7,7 @@
     hf-scratch-translate --model runs/en-es "Jesus wept." --attention attention.png
     hf-scratch-translate --backend ct2 --model runs/en-es-ct2 "Jesus wept."   # see hf-scratch-export-ct2
 
-Also runnable as `python -m hf_scratch_transformer.cli`. Lines are separated by \\n or \\r\\n only (a form feed or
+Also runnable as `python -m hf_scratch_transformer.translation.cli`. Lines are separated by \\n or \\r\\n only (a form feed or
 U+2028 inside a line stays in it), and line N of the output belongs to line N of the input. With --nbest or
 --print_alignment the output is one block per input line: `H-<line>\\t<score>\\t<translation>` per hypothesis, best
 first, each followed by `A-<line>\\t<source word>-<target word> ...` with --print_alignment (fairseq's format; line
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     """How to decode: beams, lengths, batches, n-best lists and alignments."""
-    from .translation_core import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B
+    from ..translation_core import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B
 
     parser.add_argument("--num_beams", type=int, metavar="N", help="beam size (default: the model's generation_config)")
     parser.add_argument("--max_new_tokens", type=int, metavar="N",
@@ -228,7 +228,7 @@ def _silence_stdout() -> None:
 # --------------------------------------------------------------------------------------------------------------
 def _decoding_options(args: argparse.Namespace):
     """The core's options from the flags, checked before anything is loaded; a bad value names its flag."""
-    from .translation_core import DecodingOptions, InvalidOption
+    from ..translation_core import DecodingOptions, InvalidOption
 
     if args.nbest is not None and args.nbest < 1:
         raise CLIError(f"--nbest must be a whole number >= 1, got {args.nbest}")
@@ -272,9 +272,9 @@ def _load(args: argparse.Namespace, options):
         backend = _load_ct2(args)
         tokenizer, model = backend.tokenizer, None
     else:
-        from .cpu_threads import thread_tuner
+        from ..cpu_threads import thread_tuner
         from .translate import ModelLoadError, load_model_and_tokenizer, pick_device
-        from .translation_core import TorchBackend
+        from ..translation_core import TorchBackend
 
         try:
             model, tokenizer = load_model_and_tokenizer(args.model, pick_device(args.device))
@@ -284,7 +284,7 @@ def _load(args: argparse.Namespace, options):
         backend.threads = thread_tuner(next(model.parameters()).device, "translation", args.cpu_threads)
         if backend.threads is not None:
             backend.threads.activate()
-    from .translation_core import InvalidOption
+    from ..translation_core import InvalidOption
 
     try:
         options.beams(backend.generation_config)
@@ -297,7 +297,7 @@ def _load(args: argparse.Namespace, options):
 
 
 def _load_ct2(args: argparse.Namespace):
-    from .ct2 import CT2Backend, CT2ExportError, ct2_device
+    from ..export.ct2 import CT2Backend, CT2ExportError, ct2_device
     from .translate import ModelLoadError
 
     try:
@@ -320,7 +320,7 @@ def _block(line_number: int, source: str, hypotheses, args: argparse.Namespace, 
         return [hypotheses[0].text if hypotheses else ""]
     if not hypotheses:  # an empty input line: one empty hypothesis keeps the line visible
         return [f"H-{line_number}\t\t"] + ([f"A-{line_number}\t"] if args.print_alignment else [])
-    from .translation_core import format_alignment, hard_alignment
+    from ..translation_core import format_alignment, hard_alignment
 
     lines = []
     for hypothesis in hypotheses:
@@ -383,7 +383,7 @@ def _threads_hook(backend):
 
 def _translate_interactively(args, backend, tokenizer, model, options) -> None:
     """Translate each line of the terminal as it is typed (the first one drawn with --attention)."""
-    from .translation_core import translate_batches
+    from ..translation_core import translate_batches
 
     print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
     drawn = False
@@ -398,7 +398,7 @@ def _translate_interactively(args, backend, tokenizer, model, options) -> None:
 
 def _translate_all(args, backend, tokenizer, model, texts: list[str], options) -> None:
     """Translate every text (sorted batches, written in input order), then draw the attention plots asked for."""
-    from .translation_core import translate_batches
+    from ..translation_core import translate_batches
 
     progress = bool(args.input_file) and not args.no_progress
     found = translate_batches(backend, tokenizer, texts, options, progress=progress, on_batch=_threads_hook(backend))
@@ -425,7 +425,7 @@ def _attention_paths(base: str, line_numbers: list[int], every: bool) -> list[tu
 
 
 def _draw(model, tokenizer, text: str, ids: list[int], path: Path) -> None:
-    from . import plotting
+    from .. import plotting
 
     title = text if len(text) <= 90 else text[:87] + "..."
     try:

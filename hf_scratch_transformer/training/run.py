@@ -23,13 +23,7 @@ from accelerate.utils import set_seed
 from datasets import Dataset, IterableDataset
 from transformers import AutoTokenizer, GenerationConfig
 
-from .arguments import (
-    ModelArguments,
-    RunArguments,
-    check_model_flags,
-    check_values,
-    parse_arguments,
-)
+from .arguments import ModelArguments, RunArguments, check_model_flags, check_values, parse_arguments
 from .checkpointing import (
     RunState,
     average_checkpoints,
@@ -41,38 +35,16 @@ from .checkpointing import (
     list_checkpoints,
     quiet_save_warnings,
 )
-from .configuration_scratch_transformer import ScratchTransformerConfig
-from .data import (
-    CorpusError,
-    DataArguments,
-    TrainingData,
-    evaluation_pairs,
-    load_parallel_corpus,
-    make_collator,
-    preprocess_corpus,
-    source_paraphrases,
-)
-from .distributed import (
-    is_lost_process_error,
-    launched_rank,
-    lost_process_fault,
-    report_to_launcher,
-    stop_watching,
-)
-from .errors import RunInterrupted, TrainingFault, UsageError
+from ..configuration_scratch_transformer import ScratchTransformerConfig
+from ..data.loading import CorpusError, DataArguments, load_parallel_corpus
+from ..data.preprocessing import TrainingData, evaluation_pairs, make_collator, preprocess_corpus, source_paraphrases
+from .distributed import is_lost_process_error, launched_rank, lost_process_fault, report_to_launcher, stop_watching
+from ..errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import Evaluator
 from .loop import TrainingLoop, start_accelerator, trackers
-from .model_directory import (
-    hardware_description,
-    model_card,
-    push_to_hub,
-    result_files,
-    save_model,
-    save_results,
-)
-from .modeling_scratch_transformer import ScratchTransformerForConditionalGeneration
+from .model_directory import hardware_description, model_card, push_to_hub, result_files, save_model, save_results
+from ..modeling_scratch_transformer import ScratchTransformerForConditionalGeneration
 from .run_directory import (
-    TEST_SOURCES_FILE,
     OutputDirLock,
     claim_output_dir,
     end_tracker_logs,
@@ -83,8 +55,8 @@ from .run_directory import (
     start_tracker_logs,
     tokenizer_staging,
 )
-from .tokenization import train_tokenizer_on_corpus
-from .translate import ModelLoadError, load_model_and_tokenizer
+from ..data.tokenization import train_tokenizer_on_corpus
+from ..translation.translate import TEST_SOURCES_FILE, ModelLoadError, load_model_and_tokenizer
 
 logger = logging.getLogger("hf_scratch_transformer")
 

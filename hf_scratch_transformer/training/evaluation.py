@@ -12,15 +12,15 @@ import evaluate
 import torch
 from torch.utils.data import DataLoader
 
-from .cpu_threads import thread_tuner
-from .data import make_batch_sampler
+from ..cpu_threads import thread_tuner
+from ..data.batching import make_batch_sampler
 from .run_directory import log_to_trackers
-from .translation_core import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B
-from .translation_core import DecodingOptions, TorchBackend, translate_batches
+from ..translation_core import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B
+from ..translation_core import DecodingOptions, TorchBackend, translate_batches
 
 logger = logging.getLogger("hf_scratch_transformer")
 
-METRICS_DIR = Path(__file__).resolve().parent / "metrics"
+METRICS_DIR = Path(__file__).resolve().parents[1] / "metrics"  # shipped inside the package
 
 
 @contextmanager

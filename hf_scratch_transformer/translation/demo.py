@@ -31,11 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import UsageError
-from .run_directory import TEST_SOURCES_FILE
-from .tokenization import language_pair
-from .translate import ModelLoadError, load_model_and_tokenizer, pick_device
-from .translation_core import DecodingOptions, Hypothesis, TorchBackend, translate_batches
+from ..errors import UsageError
+from ..data.tokenization import language_pair
+from .translate import TEST_SOURCES_FILE, ModelLoadError, load_model_and_tokenizer, pick_device
+from ..translation_core import DecodingOptions, Hypothesis, TorchBackend, translate_batches
 
 PROGRAM = "hf-scratch-demo"
 DEFAULT_HOST = "127.0.0.1"
@@ -88,8 +87,8 @@ class AttentionView:
 
 def attention_view(model, tokenizer, text: str, token_ids: list[int]) -> AttentionView:
     """What the decoder attended to in `text` while generating `token_ids` (one teacher-forced pass)."""
-    from .plotting import token_labels
-    from .translation_core import cross_attention_matrices
+    from ..plotting import token_labels
+    from ..translation_core import cross_attention_matrices
 
     weights = cross_attention_matrices(model, tokenizer, text, token_ids).numpy()
     source_ids = tokenizer(text, truncation=True)["input_ids"][: weights.shape[-1]]
@@ -196,7 +195,7 @@ def pick_examples(lines: list[str]) -> list[str]:
 def example_sentences(name: str, source_lang: str | None, datasets: list[str]) -> tuple[list[str], str]:
     """(example sentences, where they come from): the test sources the run saved (TEST_SOURCES_FILE), else the
     test split of the shipped corpus when the model was trained on it, else a built-in list in the source language."""
-    from .data import SHIPPED_CORPUS_FILES, SHIPPED_DATASET_ID
+    from ..data.loading import SHIPPED_CORPUS_FILES, SHIPPED_DATASET_ID
 
     saved = Path(name).expanduser() / TEST_SOURCES_FILE
     if saved.is_file():
@@ -388,7 +387,7 @@ directory) loads another one. hf_scratch_transformer/ beside this file is a copy
 
 import os
 
-from hf_scratch_transformer.demo import MODEL_ENV_VAR, build_demo, launch_options, load_demo_model
+from hf_scratch_transformer.translation.demo import MODEL_ENV_VAR, build_demo, launch_options, load_demo_model
 
 MODEL = os.environ.get(MODEL_ENV_VAR, {model_id!r})
 demo = build_demo(load_demo_model(MODEL))
@@ -418,7 +417,7 @@ def space_files(model_id: str) -> dict[str, str]:
     README.md whose front matter (`sdk: gradio`, the Gradio version installed here, `app_file`) Spaces read."""
     from huggingface_hub import SpaceCardData
 
-    from . import __version__
+    from .. import __version__
 
     requirements = [line for line in metadata.requires("hf-scratch-transformer") or [] if "extra ==" not in line]
     card = SpaceCardData(title=f"{model_id.split('/')[-1]} translation demo", emoji="🔤", colorFrom="indigo",
@@ -452,11 +451,11 @@ def write_space(directory: str | os.PathLike, model_id: str) -> Path:
     """Write a Gradio Space for `model_id` into `directory` (created if needed): app.py, requirements.txt,
     README.md and a copy of this package (its code, without the shipped corpus's train and validation splits).
     The entries are staged beside `directory` and moved in once all are written: a failure leaves it as it was."""
-    from .data import SHIPPED_CORPUS_FILES
+    from ..data.loading import SHIPPED_CORPUS_FILES
 
     target = check_space_target(directory, model_id)
     files = space_files(model_id)
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # the whole hf_scratch_transformer package
     skipped = ["__pycache__", "*.pyc", *(SHIPPED_CORPUS_FILES[split].name for split in ("train", "validation"))]
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

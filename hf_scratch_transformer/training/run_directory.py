@@ -42,7 +42,7 @@ import torch
 from filelock import SoftFileLock, Timeout
 
 from .distributed import save_state_on_main
-from .errors import TrainingFault, UsageError
+from ..errors import TrainingFault, UsageError
 
 logger = logging.getLogger("hf_scratch_transformer")
 
@@ -57,7 +57,6 @@ ABANDONED_PREFIX = "abandoned-after-"  # newer checkpoints set aside by --overwr
 TRACKER_LOGS = "runs"
 ALL_RESULTS_FILE = "all_results.json"
 PREDICTIONS_FILE = "generated_predictions.txt"
-TEST_SOURCES_FILE = "test_sources.txt"  # a trained model's test sources, line N for prediction N
 HUB_IGNORE = ["checkpoint-*", "checkpoint-*/**", f"{STAGING_PREFIX}*", f"{TOKENIZER_STAGING}/**",
               f"{TRACKER_LOGS}/**", LOCK_FILE, f"{ABANDONED_PREFIX}*/**"]  # what a run keeps that is not the model
 
