@@ -207,6 +207,14 @@ def test_a_folder_that_is_also_a_pair_prefix_is_refused_naming_the_pair_files(tm
     assert ("to use the saved dataset, rename the pairs" in message) == saved
 
 
+def test_a_file_without_a_layout_in_the_way_of_a_pair_prefix_names_the_pair_files(tmp_path, capsys):
+    prefix = write_sides(tmp_path / "train")
+    prefix.write_text("a stray file\n")
+    message = refused(tmp_path, capsys, train_file=str(prefix))
+    assert f"also the prefix of the plain-text pairs {prefix}.en and {prefix}.es" in message
+    assert f"move or rename '{prefix}'" in message
+
+
 def test_a_saved_dataset_folder_without_pair_files_beside_it_still_loads(tmp_path):
     Dataset.from_dict({"translation": [{"en": en, "es": es} for en, es in CORPUS_PAIRS]}).save_to_disk(
         tmp_path / "train")

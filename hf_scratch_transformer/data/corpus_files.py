@@ -234,9 +234,12 @@ def _layout_of(path: str, split: str, languages: tuple[str, str], status: os.sta
         return layout
     if not stat.S_ISREG(status.st_mode):
         return "pipe"
-    side = Path(name).suffix.lstrip(".")
+    side, pairs = Path(name).suffix.lstrip("."), _pair_files(path, split, languages)
     hint = (f" It looks like one side of plain-text pairs: give their prefix, --{split}_file "
             f"{path[: -len(side) - 1] if path.lower().endswith(side) else path}." if side in languages else "")
+    if all(pairs):  # a file in the way of a prefix
+        hint = (f" It is also the prefix of the plain-text pairs {' and '.join(sum(pairs, []))}: to train on them, "
+                f"move or rename {path!r}.")
     raise CorpusError(
         f"Cannot read {path!r} as the {split} corpus: its extension must be one of {sorted(LAYOUTS)} (or that + "
         f".gz/.bz2/.xz), or give the prefix PREFIX of plain-text pairs PREFIX.{languages[0]} + "
