@@ -351,9 +351,9 @@ def _sniffed_layout(files: CorpusFiles, lines: Iterator[tuple[int, str]]):
     layout = "json" if first.startswith(("{", "[")) else "tsv" if "\t" in first else None
     if layout is None:
         raise CorpusError(
-            f"The {files.split} file {files.paths[0]!r} is a pipe or device, whose format cannot be told from its name, "
-            "and its first line is neither JSON nor tab-separated: give a file named .jsonl, .json, .csv or .tsv, or a "
-            "PREFIX of plain-text pair files.")
+            f"The {files.split} file {files.paths[0]!r} is a pipe or device, whose format cannot be told from its "
+            "name, and its first line is neither JSON nor tab-separated: give a file named .jsonl, .json, .csv or .tsv, "
+            "or a PREFIX of plain-text pair files.")
     return layout, chain(head, lines)
 
 

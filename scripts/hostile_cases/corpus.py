@@ -213,6 +213,22 @@ def _prefix_is_a_folder(ws, folder):
     return _plain_pairs(folder, EN, ES)
 
 
+def _file_in_the_way_of_a_prefix(ws, folder):
+    prefix = _plain_pairs(folder, EN, ES)
+    prefix.write_text("a stray file without a corpus extension\n")
+    return prefix
+
+
+def _newline_after_old_mac_line_ends(ws, folder):
+    """More than 16 MiB of lines ended by \\r (old Mac), then a \\n: which of the two ends lines cannot be told."""
+    from hf_scratch_transformer.data.corpus_files import MAX_LINE_BYTES
+
+    lines = MAX_LINE_BYTES // 1000 + 1000
+    (folder / "train.en").write_bytes((b"word " * 199 + b"word\r") * lines + b"Jesus wept.\nY\r")
+    (folder / "train.es").write_bytes(b"palabra\n" * (lines + 2))
+    return folder / "train"
+
+
 def _dev_null_validation(ws, folder):
     return {"train_file": str(ws.corpus()), "validation_file": os.devnull}
 
@@ -475,6 +491,10 @@ CASES = [
     _loads("old_mac_line_ends_tsv", _old_mac_tsv, PAIRS),
     _refused("prefix_is_also_a_folder", _prefix_is_a_folder, "{train_file}' is a folder",
              "{train_file}.en and {train_file}.es", "move or rename the folder"),
+    _refused("file_in_the_way_of_a_pair_prefix", _file_in_the_way_of_a_prefix, "{train_file}",
+             "also the prefix of the plain-text pairs {train_file}.en and {train_file}.es", "move or rename"),
+    _refused("newline_after_old_mac_line_ends", _newline_after_old_mac_line_ends, "train.en', line 17778",
+             "a \\n line end after old Mac line ends (\\r)"),
     _refused("dev_null_as_validation_file", _dev_null_validation, "'/dev/null' gave no text",
              "leave --validation_file out"),
     Case("flat_jsonl_paraphrases_are_read", "corpus", _flat_paraphrases),
