@@ -1,3 +1,3 @@
-"""Data: corpus files (formats, pairing, sniffing), loading them as `datasets` splits, the joint BPE tokenizer,
-tokenising and filtering, and training batches. Imports the package root only (errors), never training/ or
-translation/."""
+"""Data: corpus files (formats, pairing, sniffing, the languages a header names), loading them as `datasets` splits,
+the joint BPE tokenizer, tokenising and filtering, and training batches. Imports the package root only (errors), never
+training/ or translation/."""

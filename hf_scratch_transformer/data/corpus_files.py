@@ -5,7 +5,9 @@ style), TSV (``source<TAB>target``, quotes are plain characters), CSV (a header 
 CSV quoting) and JSON Lines / JSON (``{"translation": {...}}`` or one field per language). Any of them may be gzip,
 bzip2 or xz compressed: the compression is recognised from the content, not the name. Lines end at ``\\n`` only
 (``\\r\\n`` too; never at U+2028, form feed or the other characters ``str.splitlines`` splits on, which would
-misalign the two sides); a UTF-8 BOM and surrounding whitespace are removed from every sentence.
+misalign the two sides), or at ``\\r`` in a file with old Mac line ends (a ``\\r`` and no ``\\n`` in its first line's
+worth of bytes); a UTF-8 BOM and surrounding whitespace are removed from every sentence. A first TSV or CSV row
+naming languages is a header (:mod:`language_names`).
 
 Every problem is a :class:`CorpusError` naming the file, the line and what to fix. A file is read once per use:
 :meth:`CorpusFiles.records` is the one reader, which `datasets` drives (``Dataset.from_generator``).
@@ -17,6 +19,7 @@ import errno
 import gzip
 import hashlib
 import json
+import logging
 import lzma
 import os
 import reprlib
@@ -25,11 +28,11 @@ import uuid
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
 from itertools import chain, zip_longest
 from pathlib import Path
 
 from ..errors import UsageError
+from .language_names import header_languages, named_language, same_language
 
 LAYOUTS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "tsv"}  # by file name; plain pairs by prefix
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz")
@@ -43,11 +46,16 @@ UNREADABLE_CONTENT = {
 }
 BOM = b"\xef\xbb\xbf"
 MAX_LINE_BYTES = 16 * 2**20  # a longer line is no sentence (and would be held in memory whole)
+CHUNK_BYTES = 2**20  # read at a time, then split into lines
+SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes (DatasetDict, Dataset)
 KEY_SAMPLE = 1000  # JSON records looked at for the language keys
-READER_CODE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # a change of the reading rules: a new cache
+# a change of the reading rules (this module, the header rules): a new cache
+READER_CODE = hashlib.sha256(b"".join(Path(__file__).with_name(name).read_bytes()
+                                      for name in ("corpus_files.py", "language_names.py"))).hexdigest()
 _PREVIEW = reprlib.Repr()  # a short repr that never recurses deeply (a nested JSON value)
 _PREVIEW.maxlevel, _PREVIEW.maxstring, _PREVIEW.maxother = 2, 60, 60
 _preview = _PREVIEW.repr
+logger = logging.getLogger("hf_scratch_transformer")
 
 
 # ----------------------------------------------------------------------------------------------------------- errors
@@ -79,6 +87,7 @@ class CorpusFiles:
     layout: str  # "pairs", "tsv", "csv" or "json"
     paths: tuple[str, ...]
     languages: tuple[str, str]  # (source, target)
+    announce: bool = True  # log how the files are read (a header, old Mac line ends); off for repeated readings
 
     def describe(self) -> str:
         names = " and ".join(self.paths)
@@ -145,6 +154,7 @@ def resolve_corpus_files(path: str, split: str, languages: tuple[str, str]) -> C
                 f"{path}.{languages[0]} and {path}.{languages[1]} it could be the prefix of.")
         return CorpusFiles(split, "pairs", prefix, languages)
     if stat.S_ISDIR(status.st_mode):
+        _check_folder_is_no_prefix(path, split, languages)
         return None
     if not (stat.S_ISREG(status.st_mode) or stat.S_ISFIFO(status.st_mode) or stat.S_ISCHR(status.st_mode)):
         raise CorpusError(f"The {split} file {path!r} is not a regular file (a socket or device): give a file.")
@@ -168,12 +178,22 @@ def _stat(path: str, split: str) -> os.stat_result | None:
         raise CorpusError(f"The {split} file {path!r} is {reason}: give the path of a real file.") from None
 
 
+def _pair_files(prefix: str, split: str, languages: tuple[str, str]) -> list[list[str]]:
+    """Per language, the files ``PREFIX.<lang>`` and ``PREFIX.<lang>.gz``/``.bz2``/``.xz`` that exist."""
+    return [[name for name in [f"{prefix}.{lang}"] + [f"{prefix}.{lang}{suffix}" for suffix in COMPRESSED_SUFFIXES]
+             if _stat(name, split) is not None] for lang in languages]
+
+
 def _plain_pair_paths(prefix: str, split: str, languages: tuple[str, str]) -> tuple[str, str] | None:
-    """(source file, target file) of a plain-text pair prefix, None when neither side exists."""
-    found = []
-    for lang in languages:
-        candidates = [f"{prefix}.{lang}"] + [f"{prefix}.{lang}{suffix}" for suffix in COMPRESSED_SUFFIXES]
-        found.append(next((name for name in candidates if _stat(name, split) is not None), None))
+    """(source file, target file) of a plain-text pair prefix, None when neither side exists. A side with two
+    versions (``train.en`` and ``train.en.gz``: one of them stale?) is refused, never paired with the other side."""
+    present = _pair_files(prefix, split, languages)
+    for lang, names in zip(languages, present):
+        if len(names) > 1:
+            raise CorpusError(
+                f"The {split} corpus {prefix!r} has {len(names)} versions of its {lang} side: {' and '.join(names)}. "
+                f"Which one goes with the other side cannot be told (one may be stale): remove or rename all but one.")
+    found = [names[0] if names else None for names in present]
     if found == [None, None]:
         return None
     if None in found:
@@ -182,6 +202,26 @@ def _plain_pair_paths(prefix: str, split: str, languages: tuple[str, str]) -> tu
             f"The {split} corpus {prefix!r} has {have} but no {prefix}.{lang} (nor {prefix}.{lang}.gz): plain-text "
             f"pairs need one file per language, --source_lang {languages[0]} and --target_lang {languages[1]}.")
     return found[0], found[1]
+
+
+def is_saved_dataset(path: str) -> bool:
+    """Whether the folder ``path`` holds what ``save_to_disk`` writes."""
+    return any(os.path.isfile(os.path.join(path, marker)) for marker in SAVED_DATASET_MARKERS)
+
+
+def _check_folder_is_no_prefix(path: str, split: str, languages: tuple[str, str]) -> None:
+    """A folder given as a corpus is read as a saved dataset, unless it is also the prefix of plain-text pairs: then
+    it could mean either, and is refused naming both."""
+    pairs = _pair_files(path, split, languages)
+    if not all(pairs):
+        return
+    if is_saved_dataset(path):
+        folder, other = "a folder holding a dataset saved by `datasets`", "to use the saved dataset, rename the pairs"
+    else:
+        folder, other = "a folder (no dataset saved by `datasets` in it)", "a folder is read only as a saved dataset"
+    pair_files = " and ".join(name for names in pairs for name in names)
+    raise CorpusError(f"The {split} file {path!r} is {folder}, and also the prefix of the plain-text pairs "
+                      f"{pair_files}: to train on those pairs, move or rename the folder; {other}.")
 
 
 def _layout_of(path: str, split: str, languages: tuple[str, str], status: os.stat_result) -> str:
@@ -194,9 +234,12 @@ def _layout_of(path: str, split: str, languages: tuple[str, str], status: os.sta
         return layout
     if not stat.S_ISREG(status.st_mode):
         return "pipe"
-    side = Path(name).suffix.lstrip(".")
+    side, pairs = Path(name).suffix.lstrip("."), _pair_files(path, split, languages)
     hint = (f" It looks like one side of plain-text pairs: give their prefix, --{split}_file "
             f"{path[: -len(side) - 1] if path.lower().endswith(side) else path}." if side in languages else "")
+    if all(pairs):  # a file in the way of a prefix
+        hint = (f" It is also the prefix of the plain-text pairs {' and '.join(sum(pairs, []))}: to train on them, "
+                f"move or rename {path!r}.")
     raise CorpusError(
         f"Cannot read {path!r} as the {split} corpus: its extension must be one of {sorted(LAYOUTS)} (or that + "
         f".gz/.bz2/.xz), or give the prefix PREFIX of plain-text pairs PREFIX.{languages[0]} + "
@@ -207,19 +250,59 @@ def _layout_of(path: str, split: str, languages: tuple[str, str], status: os.sta
 
 
 def _lines(files: CorpusFiles, path: str) -> Iterator[tuple[int, str]]:
-    """(line number, text with its line ending) of a file, split at b"\\n" only, decompressed, UTF-8 checked."""
+    """(line number, text ending in "\\n" or "\\r\\n") of a file, decompressed, UTF-8 checked: split at b"\\n" only,
+    or at b"\\r" in a file with old Mac line ends (see `_first_bytes`)."""
     try:
         with open(path, "rb") as raw:
             stream = _decompressed(raw, files, path)
-            for number, line in enumerate(iter(partial(stream.readline, MAX_LINE_BYTES + 1), b""), start=1):
+            head = _first_bytes(stream)
+            first_line = head[:MAX_LINE_BYTES + 1]  # holds a line end, or is too long to be a line
+            old_mac = b"\r" in first_line and b"\n" not in first_line
+            if old_mac and files.announce:
+                logger.info("%s split: %s has old Mac line ends (\\r): read line by line at them", files.split, path)
+            for number, line in enumerate(_split_lines(head, stream, b"\r" if old_mac else b"\n"), start=1):
                 if len(line) > MAX_LINE_BYTES:
                     raise files.error(f"line {number}", f"longer than {MAX_LINE_BYTES // 2**20} MiB: is this a "
                                       "text corpus with one sentence (pair) per line?", path)
+                if old_mac and b"\n" in line[:-1]:
+                    raise files.error(f"line {number}", "a \\n line end after old Mac line ends (\\r) before it: "
+                                      "where the lines end cannot be told; give the file one kind of line end.", path)
                 yield number, _decoded(line.removeprefix(BOM) if number == 1 else line, number, files, path)
     except (OSError, EOFError, lzma.LZMAError, zlib.error) as error:  # unreadable, or corrupt compressed data
         if isinstance(error, CorpusError):
             raise
         raise CorpusError(f"Cannot read the {files.split} file {path!r}: {error}") from error
+
+
+def _first_bytes(stream) -> bytes:
+    """The first bytes of a stream, read until they hold a b"\\n" (the end of the first line), pass MAX_LINE_BYTES
+    (no line is longer) or end the stream. A b"\\r" and no b"\\n" in them: old Mac line ends (a file of one line
+    with a lone b"\\r" inside could be read either way, but is no corpus)."""
+    head = b""
+    while b"\n" not in head and len(head) <= MAX_LINE_BYTES:
+        chunk = stream.read(CHUNK_BYTES)
+        if not chunk:
+            break
+        head += chunk
+    return head
+
+
+def _split_lines(head: bytes, stream, separator: bytes) -> Iterator[bytes]:
+    """The lines of ``head`` + the rest of ``stream``, split at ``separator``, each ending in b"\\n" (the last one
+    too); a line past MAX_LINE_BYTES is given as it is (for the caller to refuse) and ends the reading."""
+    pending = head
+    while True:
+        *lines, pending = pending.split(separator)
+        yield from (line + b"\n" for line in lines)
+        if len(pending) > MAX_LINE_BYTES:
+            yield pending
+            return
+        chunk = stream.read(CHUNK_BYTES)
+        if not chunk:
+            break
+        pending += chunk
+    if pending:
+        yield pending + b"\n"
 
 
 def _decompressed(raw, files: CorpusFiles, path: str):
@@ -260,12 +343,17 @@ def _sniffed_layout(files: CorpusFiles, lines: Iterator[tuple[int, str]]):
         if item[1].strip():
             break
     first = head[-1][1].strip() if head else ""
+    if not first:
+        instead = "give a corpus file" if files.split == "train" else (
+            f"give a corpus file, or leave --{files.split}_file out (the split is then carved out of the train split)")
+        raise CorpusError(f"The {files.split} file {files.paths[0]!r} gave no text (an empty pipe or device, such as "
+                          f"/dev/null): {instead}.")
     layout = "json" if first.startswith(("{", "[")) else "tsv" if "\t" in first else None
     if layout is None:
         raise CorpusError(
-            f"The {files.split} file {files.paths[0]!r} is a pipe, whose format cannot be told from its name, and its "
-            "first line is neither JSON nor tab-separated: give a file named .jsonl, .json, .csv or .tsv, or a "
-            "PREFIX of plain-text pair files.")
+            f"The {files.split} file {files.paths[0]!r} is a pipe or device, whose format cannot be told from its "
+            "name, and its first line is neither JSON nor tab-separated: give a file named .jsonl, .json, .csv or .tsv, "
+            "or a PREFIX of plain-text pair files.")
     return layout, chain(head, lines)
 
 
@@ -285,13 +373,15 @@ def _plain_pairs(files: CorpusFiles, sources, targets) -> Iterator[dict]:
 
 
 def _tsv_pairs(files: CorpusFiles, lines) -> Iterator[dict]:
-    """Two tab-separated columns, source then target (a first line naming the two languages is a header: it gives
-    the column order). Quotes are characters like any other."""
+    """Two tab-separated columns, source then target, or in the order a header gives: a first line naming two
+    languages (`header_languages`) is skipped when they are the run's, refused when one is not. Quotes are characters
+    like any other."""
     columns = list(files.languages)
     for number, line in lines:
         fields = _without_line_end(line).split("\t")
-        if number == 1 and sorted(field.strip().lower() for field in fields) == sorted(files.languages):
-            columns = [field.strip().lower() for field in fields]
+        named = header_languages(fields, files.languages) if number == 1 and len(fields) == 2 else None
+        if named is not None:
+            columns = _tsv_header(named, fields, files)
             continue
         if len(fields) == 1 and not fields[0].strip():
             yield {}  # a blank line: an empty pair (skipped and counted)
@@ -300,6 +390,22 @@ def _tsv_pairs(files: CorpusFiles, lines) -> Iterator[dict]:
             raise files.error(f"line {number}", f"{len(fields)} tab-separated fields, but a TSV corpus has two per "
                               f"line: {files.languages[0]}<TAB>{files.languages[1]}.")
         yield dict(zip(columns, fields))
+
+
+def _tsv_header(named: tuple[str, ...], fields: list[str], files: CorpusFiles) -> list[str]:
+    """The languages of the two columns a header line names; refused (two readings: a header, or a pair) when they
+    are not the run's two."""
+    (source, target), shown = files.languages, "<TAB>".join(field.strip() for field in fields)
+    if sorted(named) != sorted(files.languages):
+        raise files.error("line 1", f"{shown!r} reads as a header naming the languages {named[0]} and {named[1]}, but "
+                          f"this run translates {source} to {target}: if the columns hold {named[0]} and {named[1]}, "
+                          f"give --source_lang {named[0]} --target_lang {named[1]}; if line 1 is a pair to train on, "
+                          f"add the header line {source}<TAB>{target} above it.")
+    if files.announce:
+        order = "" if list(named) == [source, target] else f"; column 1 is read as {named[0]}, as it says"
+        logger.info("%s split: line 1 of %s, %r, is a header naming the languages: skipped%s", files.split,
+                    files.paths[0], shown, order)
+    return list(named)
 
 
 def _csv_pairs(files: CorpusFiles, lines) -> Iterator[dict]:
@@ -311,11 +417,11 @@ def _csv_pairs(files: CorpusFiles, lines) -> Iterator[dict]:
         for row in rows:
             start, number = number + 1, rows.line_num
             if header is None:
-                header = _csv_header(row, files)
+                header, columns = row, _csv_columns(row, files)
                 continue
             if row and len(row) != len(header):
                 raise files.error(f"line {start}", f"{len(row)} fields, but the header has {len(header)}.")
-            yield {lang: row[header.index(lang)] for lang in files.languages} if row else {}
+            yield {lang: row[column] for lang, column in zip(files.languages, columns)} if row else {}
     except csv.Error as error:
         raise files.error(
             f"line {number + 1}", f"not valid CSV ({error}): a field holding commas, quotes or line breaks must be "
@@ -325,14 +431,24 @@ def _csv_pairs(files: CorpusFiles, lines) -> Iterator[dict]:
         raise CorpusError(f"The {files.split} file {files.paths[0]!r} holds no examples.")
 
 
-def _csv_header(row: list[str], files: CorpusFiles) -> list[str]:
-    header = [name.strip() for name in row]
-    missing = [lang for lang in files.languages if lang not in header]
+def _csv_columns(row: list[str], files: CorpusFiles) -> list[int]:
+    """The column of each language: the one its code names exactly, else the one naming the same language
+    (``English`` or ``eng`` for en); refused when no column, or several, do."""
+    header, columns, missing = [name.strip() for name in row], [], []
+    for lang in files.languages:
+        same = [index for index, name in enumerate(header) if name == lang] or [
+            index for index, name in enumerate(header)
+            if (found := named_language(name)) is not None and same_language(lang, found[0])]
+        if len(same) > 1:
+            raise CorpusKeyError(f"The {files.split} file {files.paths[0]!r} has {len(same)} columns for the language "
+                                 f"{lang}: {[header[index] for index in same]}. Rename all but one in the header line.")
+        missing += [] if same else [lang]
+        columns += same
     if missing:
         raise CorpusKeyError(f"The {files.split} file {files.paths[0]!r} has no column for the language(s) "
                              f"{missing}: its header names the columns {header}. A CSV corpus needs a header line "
                              "naming the language columns; set --source_lang / --target_lang to them.")
-    return header
+    return columns
 
 
 def _json_pairs(files: CorpusFiles, lines) -> Iterator[dict]:
@@ -380,7 +496,7 @@ def _record_pair(record, where: str, files: CorpusFiles) -> dict:
             name = f"translation.{lang}" if nested else lang
             raise files.error(where, f"`{name}` must be a string (or null), got {type(value).__name__} "
                                      f"({_preview(value)}).")
-    paraphrases = record.get("paraphrases") if nested else None
+    paraphrases = record.get("paraphrases")
     if paraphrases is not None and not (isinstance(paraphrases, dict) and all(
             isinstance(texts, list) and all(isinstance(text, str) for text in texts)
             for lang, texts in paraphrases.items() if lang in files.languages)):

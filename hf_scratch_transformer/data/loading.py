@@ -12,7 +12,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from datasets import (
 )
 from datasets.exceptions import DatasetGenerationError
 
-from .corpus_files import CorpusError, CorpusFiles, resolve_corpus_files
+from .corpus_files import SAVED_DATASET_MARKERS, CorpusError, CorpusFiles, is_saved_dataset, resolve_corpus_files
 from .corpus_files import CorpusFileNotFoundError, CorpusKeyError  # noqa: F401  (part of this module's interface)
 from ..errors import TrainingFault, UsageError, check_range
 
@@ -42,7 +42,6 @@ SHIPPED_CORPUS_FILES = {split: CORPUS_DIR / f"bible_en_es.{split}.jsonl.gz" for 
 SHIPPED_DATASET_ID = "bible-en-es-web-rv1909"  # the shipped corpus's name in model cards (`datasets:`)
 KEY_SAMPLE = 1000  # records looked at for the language keys when the schema does not list them
 SPLIT_ALIASES = {"valid": "validation", "dev": "validation", "eval": "validation"}
-SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes (DatasetDict, Dataset)
 # No side of a training pair is tokenised if it has more characters than this many per allowed token (a BPE token
 # of natural text averages 3-5): such a pair would be dropped as over-long anyway, after costly tokenisation.
 MAX_CHARS_PER_TOKEN = 16
@@ -189,7 +188,7 @@ def cache_faults():
 def _load_named_dataset(args: DataArguments) -> dict:
     """--dataset_name: a directory written by save_to_disk, or a Hub dataset (clear message when unreachable)."""
     name = args.dataset_name
-    if os.path.isdir(name) and _is_saved_dataset(name):
+    if os.path.isdir(name) and is_saved_dataset(name):
         saved = _load_saved(name, f"--dataset_name {name!r}")
         splits = saved if isinstance(saved, DatasetDict) else {"train": saved}
     else:
@@ -241,9 +240,10 @@ def _dataset_from_files(files: CorpusFiles, streaming: bool) -> Dataset | Iterab
         if not files.rereadable():
             raise CorpusError(f"The {files.split} file {files.paths[0]!r} is a pipe, which can be read only once, "
                               "but --streaming reads the corpus several times: save it to a file, or drop --streaming.")
-        for _ in files.records():  # one pass that checks every record before any work
+        for _ in files.records():  # one pass that checks every record before any work (and logs how it reads them)
             pass
-        return IterableDataset.from_generator(_records_of, features=features, gen_kwargs={"files": files})
+        return IterableDataset.from_generator(_records_of, features=features,
+                                              gen_kwargs={"files": replace(files, announce=False)})
     with cache_faults():
         return Dataset.from_generator(_records_of, features=features, gen_kwargs={"files": files},
                                       fingerprint=files.fingerprint())
@@ -253,13 +253,9 @@ def _records_of(files: CorpusFiles) -> Iterator[dict]:
     yield from files.records()
 
 
-def _is_saved_dataset(path: str) -> bool:
-    return any(os.path.isfile(os.path.join(path, marker)) for marker in SAVED_DATASET_MARKERS)
-
-
 def _load_saved(path: str, what: str) -> Dataset | DatasetDict:
     """A directory written by ``save_to_disk``, memory-mapped in place (nothing is copied)."""
-    if not _is_saved_dataset(path):
+    if not is_saved_dataset(path):
         raise CorpusError(
             f"{what} is a directory without a dataset saved by `datasets` in it (no "
             f"{' or '.join(SAVED_DATASET_MARKERS)}): give a corpus file, the PREFIX of plain-text pair files, or a "
@@ -280,8 +276,8 @@ def _split_of(saved: DatasetDict, split: str, path: str) -> Dataset:
 
 
 def _as_translation(dataset, where: str, args: DataArguments, streamed: bool):
-    """The dataset with a `translation` column (made from one column per language if need be), streamed on
-    request."""
+    """The dataset with a `translation` column (made from one column per language if need be, a `paraphrases`
+    column kept), streamed on request."""
     if streamed and isinstance(dataset, Dataset):
         dataset = dataset.to_iterable_dataset()
     columns = dataset.column_names or list(next(iter(dataset), {}).keys())
@@ -292,7 +288,7 @@ def _as_translation(dataset, where: str, args: DataArguments, streamed: bool):
         raise CorpusKeyError(f"{where} has neither a `translation` column nor columns for the languages {missing}; "
                              f"its columns are {columns}.")
     to_pairs = partial(_columns_to_translation, languages=(args.source_lang, args.target_lang))
-    return dataset.map(to_pairs, batched=True, remove_columns=columns)
+    return dataset.map(to_pairs, batched=True, remove_columns=[name for name in columns if name != "paraphrases"])
 
 
 def _columns_to_translation(batch: dict, languages: tuple[str, str]) -> dict:

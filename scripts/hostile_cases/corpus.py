@@ -1,6 +1,8 @@
 """Hostile corpora and environments of the data path: plain-text pairs that do not line up, files that are not what
 their name says (compressed, UTF-16, archives, pipes, symlink loops), broken quoting, nesting too deep to parse, giant
-words, save_to_disk directories without what is needed, and a `datasets` cache that cannot be written.
+words, save_to_disk directories without what is needed, and a `datasets` cache that cannot be written; and files that
+could be read two ways (issue 42): a stale side beside its compressed copy, header rows naming languages, old Mac line
+ends, a prefix that is also a folder, /dev/null, flat JSON records with paraphrases.
 
 A refusal must end in one line naming the file (or the cache) and the fix: exit 2 for the user's corpus, 1 for the
 environment. An input that must work is checked for the documented result, at the level of `data`/`tokenization`
@@ -168,6 +170,83 @@ def _latin1_pairs(ws, folder):
     pairs = _plain_pairs(folder, EN, ES)
     (folder / "train.en").write_bytes("".join(f"{en}\n" for en in EN[:2] + ["café"] + EN[3:]).encode("latin-1"))
     return pairs
+
+
+# ------------------------------------------------------------------------------------ read two ways (issue 42)
+
+
+def _stale_side_beside_gzip(ws, folder):
+    """A stale train.en left beside train.en.gz and train.es.gz: it must not be paired with train.es.gz."""
+    (folder / "train.en").write_text("stale\n" * len(EN))
+    (folder / "train.en.gz").write_bytes(gzip.compress("".join(f"{en}\n" for en in EN).encode()))
+    (folder / "train.es.gz").write_bytes(gzip.compress("".join(f"{es}\n" for es in ES).encode()))
+    return folder / "train"
+
+
+def _tsv(first_line: str | None, pairs=PAIRS, swap=False):
+    def make(ws, folder):
+        rows = "".join(f"{es}\t{en}\n" if swap else f"{en}\t{es}\n" for en, es in pairs)
+        (folder / "train.tsv").write_text((f"{first_line}\n" if first_line else "") + rows, encoding="utf-8")
+        return folder / "train.tsv"
+    return make
+
+
+def _csv_named_columns(ws, folder):
+    import csv
+
+    with open(folder / "train.csv", "w", newline="", encoding="utf-8") as handle:
+        csv.writer(handle).writerows([("Spanish", "English")] + [(es, en) for en, es in PAIRS])
+    return folder / "train.csv"
+
+
+def _old_mac_pairs(ws, folder):
+    return _plain_pairs(folder, EN, ES, end="\r")
+
+
+def _old_mac_tsv(ws, folder):
+    (folder / "train.tsv").write_bytes("".join(f"{en}\t{es}\r" for en, es in PAIRS).encode())
+    return folder / "train.tsv"
+
+
+def _prefix_is_a_folder(ws, folder):
+    (folder / "train").mkdir()
+    return _plain_pairs(folder, EN, ES)
+
+
+def _file_in_the_way_of_a_prefix(ws, folder):
+    prefix = _plain_pairs(folder, EN, ES)
+    prefix.write_text("a stray file without a corpus extension\n")
+    return prefix
+
+
+def _newline_after_old_mac_line_ends(ws, folder):
+    """More than 16 MiB of lines ended by \\r (old Mac), then a \\n: which of the two ends lines cannot be told."""
+    from hf_scratch_transformer.data.corpus_files import MAX_LINE_BYTES
+
+    lines = MAX_LINE_BYTES // 1000 + 1000
+    (folder / "train.en").write_bytes((b"word " * 199 + b"word\r") * lines + b"Jesus wept.\nY\r")
+    (folder / "train.es").write_bytes(b"palabra\n" * (lines + 2))
+    return folder / "train"
+
+
+def _dev_null_validation(ws, folder):
+    return {"train_file": str(ws.corpus()), "validation_file": os.devnull}
+
+
+def _flat_paraphrases(ws: Workspace) -> str:
+    """Flat JSON Lines records with a `paraphrases` object: the paraphrases reach training's lookup."""
+    from hf_scratch_transformer.data.loading import DataArguments, load_parallel_corpus
+    from hf_scratch_transformer.data.preprocessing import source_paraphrases
+    from hf_scratch_transformer.data.tokenization import train_tokenizer_on_corpus
+
+    records = [{"en": en, "es": es, "paraphrases": {"en": [f"{en} (again)"]}} for en, es in PAIRS]
+    path = ws.corpus(records)
+    corpus = load_parallel_corpus(DataArguments(train_file=str(path), validation_file=str(path), test_file=str(path)))
+    tokenizer = train_tokenizer_on_corpus(corpus["train"], "en", "es", vocab_size=300)
+    found = source_paraphrases(corpus["train"], tokenizer, "en")
+    if sorted(set(sum(found.values(), []))) != sorted({f"{en} (again)" for en in EN}):
+        raise Failure(f"the paraphrases found for training are {found}, not the {len(set(EN))} written")
+    return f"{len(found)} training sources with their paraphrases"
 
 
 # ------------------------------------------------------------------------------------------ save_to_disk directories
@@ -399,4 +478,24 @@ CASES = [
     _loads("line_separators_inside_lines", _separators_inside_lines,
            [(f"{en}\u2028{en}", es) for en, es in PAIRS]),
     Case("one_mb_word_is_filtered", "corpus", _giant_word),
+    _refused("stale_plain_side_beside_gzip", _stale_side_beside_gzip, "{train_file}.en and {train_file}.en.gz",
+             "remove or rename all but one"),
+    _refused("tsv_header_of_another_language", _tsv("en\tfr"), "{train_file}", "line 1", "'en<TAB>fr'",
+             "--source_lang en --target_lang fr", "add the header line en<TAB>es"),
+    _loads("tsv_header_of_language_names_skipped", _tsv("English\tSpanish"), PAIRS),
+    _loads("tsv_header_in_the_other_order", _tsv("Spanish\tEnglish", swap=True), PAIRS),
+    _loads("tsv_first_pair_of_short_words_is_data", _tsv(None, [("Yes", "Sí"), ("No", "No")] + PAIRS),
+           [("Yes", "Sí"), ("No", "No")] + PAIRS),
+    _loads("csv_columns_named_in_english", _csv_named_columns, PAIRS),
+    _loads("old_mac_line_ends_plain_pairs", _old_mac_pairs, PAIRS),
+    _loads("old_mac_line_ends_tsv", _old_mac_tsv, PAIRS),
+    _refused("prefix_is_also_a_folder", _prefix_is_a_folder, "{train_file}' is a folder",
+             "{train_file}.en and {train_file}.es", "move or rename the folder"),
+    _refused("file_in_the_way_of_a_pair_prefix", _file_in_the_way_of_a_prefix, "{train_file}",
+             "also the prefix of the plain-text pairs {train_file}.en and {train_file}.es", "move or rename"),
+    _refused("newline_after_old_mac_line_ends", _newline_after_old_mac_line_ends, "train.en', line 17778",
+             "a \\n line end after old Mac line ends (\\r)"),
+    _refused("dev_null_as_validation_file", _dev_null_validation, "'/dev/null' gave no text",
+             "leave --validation_file out"),
+    Case("flat_jsonl_paraphrases_are_read", "corpus", _flat_paraphrases),
 ]
