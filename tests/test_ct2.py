@@ -1,4 +1,5 @@
-"""CTranslate2 export (hf_scratch_transformer.export.ct2) and `hf-scratch-translate --backend ct2`.
+"""CTranslate2 export (hf_scratch_transformer.export.ct2) and its backend, `hf-scratch-translate --backend ct2`
+(hf_scratch_transformer.translation.ct2_backend).
 
 The exported model must decode to the token ids of `generate()` itself (greedy and beam search), on a tiny model
 trained on the CLI fixtures' sentence pairs plus sentences it has never seen (one truncated to the model's
@@ -17,14 +18,13 @@ from tmpfs import small_tmpfs
 
 from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration
 from hf_scratch_transformer.export.ct2 import (
-    INSTALL_HINT,
-    CT2Backend,
     CT2ExportError,
     build_spec,
     export_ct2,
     main as export_main,
     unexpressible_settings,
 )
+from hf_scratch_transformer.translation.ct2_backend import INSTALL_HINT, CT2Backend
 from hf_scratch_transformer.translation_core import DecodingOptions, strip_generated, translate_batches
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

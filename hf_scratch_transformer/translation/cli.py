@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import os
 import sys
 import tempfile
 import warnings
 from pathlib import Path
+
+from ..errors import describe_write_error, working_directory_exists
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 FLAGS = {"num_return_sequences": "--nbest"}  # core option -> this command's flag, where the names differ
@@ -128,21 +129,6 @@ def split_lines(text: str) -> list[str]:
     if lines[-1] == "":
         lines.pop()
     return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
-def describe_write_error(error: OSError, what: str, path) -> tuple[str, int]:
-    """(one-line message, exit status) for an OSError writing `what` to `path` (None: standard output): a full
-    disk is the environment's fault (1); a path that cannot be written is the user's to change (2)."""
-    where = f"{what} {path}" if path is not None else what
-    if path is not None and not os.path.isabs(path) and not _working_directory_exists():
-        return f"cannot write {where}: the working directory was deleted; give an absolute path", EXIT_USAGE
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"no space left on device writing {where}: free some space, or write elsewhere", EXIT_FAILURE
-    reason = error.strerror or str(error)
-    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR,
-                       errno.ENOENT, errno.EEXIST):
-        return f"cannot write {where}: {reason}; choose another path", EXIT_USAGE
-    return f"cannot write {where}: {reason}", EXIT_FAILURE
 
 
 def _read_lines(path: str) -> list[str]:
@@ -297,13 +283,13 @@ def _load(args: argparse.Namespace, options):
 
 
 def _load_ct2(args: argparse.Namespace):
-    from ..export.ct2 import CT2Backend, CT2ExportError, ct2_device
+    from .ct2_backend import CT2Backend, CT2Error, ct2_device
     from .translate import ModelLoadError
 
     try:
         device, device_index = ct2_device(args.device)
         backend = CT2Backend(args.model, device=device, device_index=device_index, intra_threads=args.cpu_threads)
-    except (CT2ExportError, ModelLoadError) as error:
+    except (CT2Error, ModelLoadError) as error:
         raise CLIError(str(error)) from None
     config = backend.generation_config
     beams = args.num_beams if args.num_beams is not None else (config.num_beams or 1)
@@ -439,14 +425,6 @@ def _draw(model, tokenizer, text: str, ids: list[int], path: Path) -> None:
     print(f"attention plot written to {path}", file=sys.stderr)
 
 
-def _working_directory_exists() -> bool:
-    try:
-        os.getcwd()
-        return True
-    except FileNotFoundError:
-        return False
-
-
 def _refuse_relative_paths(args: argparse.Namespace) -> None:
     """Run from a deleted working directory, relative paths cannot be found (absolute ones still work)."""
     for flag, value in (("--model", args.model), ("--input_file", args.input_file),
@@ -461,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if not _working_directory_exists():
+        if not working_directory_exists():
             _refuse_relative_paths(args)
         return _run(args)
     except StdoutClosed:  # e.g. piped into `head`: the reader has what it wanted
