@@ -27,7 +27,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..errors import describe_write_error
+from ..errors import exit_code, one_line, write_error
 from ..translation.ct2_backend import INFO_FILE, INSTALL_HINT, CT2Error, require_ctranslate2, vocabulary_tokens
 
 logger = logging.getLogger("hf_scratch_transformer")
@@ -36,14 +36,6 @@ QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat
 
 class CT2ExportError(CT2Error):
     """The model cannot be exported to CTranslate2; the message is one line meant for a user."""
-
-
-class CT2WriteError(CT2ExportError):
-    """The exported files could not be written (full disk, read-only folder...); `exit_status` is the command's."""
-
-    def __init__(self, message: str, exit_status: int):
-        super().__init__(message)
-        self.exit_status = exit_status
 
 
 def unexpressible_settings(config) -> list[str]:
@@ -196,8 +188,8 @@ def export_ct2(model_dir, output_dir, quantization: str | None = None, force: bo
     read-only folder) leaves nothing behind, and a directory replaced with `force` stays until the new one is in.
     Raises CT2NotInstalledError without ctranslate2, CT2ExportError for a model CTranslate2 cannot express, an
     unknown quantization or an output directory that is not empty (unless `force`), CT2Error for a tokenizer that
-    does not fit the model, CT2WriteError when the files cannot be written, and translate.ModelLoadError for a
-    directory that does not hold a loadable model.
+    does not fit the model, errors.write_error's UsageError or EnvironmentFault when the files cannot be written, and
+    translate.ModelLoadError for a directory that does not hold a loadable model.
     """
     ctranslate2 = require_ctranslate2()
     quantization = quantization or "float32"
@@ -241,7 +233,7 @@ def _check_export_target(model_dir, output_dir, quantization: str, force: bool) 
         if output.is_dir() and any(output.iterdir()) and not force:
             raise CT2ExportError(f"--output_dir {output} is not empty (use --force to overwrite)")
     except OSError as error:  # a name too long, a folder that cannot be listed
-        raise CT2WriteError(*describe_write_error(error, "the CTranslate2 model", output)) from None
+        raise write_error(error, "the CTranslate2 model", output) from None
     if Path(model_dir).expanduser().resolve() == output.resolve():
         raise CT2ExportError("--output_dir must differ from --model (both would hold a config.json)")
     return output
@@ -250,7 +242,7 @@ def _check_export_target(model_dir, output_dir, quantization: str, force: bool) 
 def write_directory(output: Path, write, what: str) -> None:
     """`write(folder)` into a hidden folder beside `output`, then renamed to `output` (replacing it, when it
     exists, only once the new one is complete). On an OSError nothing new is left behind (folders created for it
-    included) and CT2WriteError says what happened in one line."""
+    included) and errors.write_error says what happened in one line."""
     created = [parent for parent in reversed(output.parents) if not parent.exists()]
     staging = output.parent / f".{output.name}.partial-{os.getpid()}"
     try:
@@ -263,8 +255,7 @@ def write_directory(output: Path, write, what: str) -> None:
         for folder in reversed(created):
             with contextlib.suppress(OSError):
                 folder.rmdir()
-        message, status = describe_write_error(error, what, output)
-        raise CT2WriteError(message, status) from None
+        raise write_error(error, what, output) from None
 
 
 def _replace_directory(new: Path, target: Path) -> None:
@@ -302,29 +293,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run `hf-scratch-export-ct2` with `argv`; returns the exit status (2 for a problem the user can fix, 1 for a
-    full disk)."""
+    """Run `hf-scratch-export-ct2` with `argv`; returns the exit status (errors.exit_code: 2 for a problem the user
+    can fix, 1 for a full disk)."""
     args = build_parser().parse_args(argv)
     if not args.debug:
         os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:
         require_ctranslate2()
-        from ..translation.translate import ModelLoadError
-
         if not args.debug:
             import transformers
 
             transformers.logging.set_verbosity_error()
             transformers.logging.disable_progress_bar()
-        try:
-            output = export_ct2(args.model, args.output_dir, args.quantization, force=args.force)
-        except ModelLoadError as error:
-            raise CT2ExportError(str(error)) from None
-    except CT2Error as error:
+        output = export_ct2(args.model, args.output_dir, args.quantization, force=args.force)
+    except KeyboardInterrupt as interrupt:
+        return exit_code(interrupt)
+    except Exception as error:  # noqa: BLE001  (this package's errors and any other: one line, --debug traceback)
         if args.debug:
             raise
-        print(f"hf-scratch-export-ct2: error: {error}", file=sys.stderr)
-        return getattr(error, "exit_status", 2)
+        print(f"hf-scratch-export-ct2: error: {one_line(error)}", file=sys.stderr)
+        return exit_code(error)
     print(f"CTranslate2 model ({args.quantization or 'float32'}) written to {output}", file=sys.stderr)
     return 0
 

@@ -18,6 +18,8 @@ import json
 import os
 from pathlib import Path
 
+from ..errors import UsageError
+
 INSTALL_HINT = "pip install hf-scratch-transformer[ct2]"
 INFO_FILE = "hf_scratch_transformer_ct2.json"
 # generation_config fields the CTranslate2 backend cannot honour: refused rather than silently ignored
@@ -27,8 +29,9 @@ UNSUPPORTED_GENERATION = {
 }
 
 
-class CT2Error(ValueError):
-    """A model CTranslate2 cannot load, export or translate with; the message is one line meant for a user."""
+class CT2Error(UsageError, ValueError):
+    """A model CTranslate2 cannot load, export or translate with (a ValueError too); the message is one line meant
+    for a user."""
 
 
 class CT2NotInstalledError(CT2Error, ImportError):
