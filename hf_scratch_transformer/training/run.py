@@ -47,14 +47,13 @@ from ..modeling_scratch_transformer import ScratchTransformerForConditionalGener
 from .run_directory import (
     OutputDirLock,
     claim_output_dir,
-    end_tracker_logs,
     remove_checkpoints,
     resolve_checkpoint,
     set_newer_checkpoints_aside,
     stage_tokenizer,
-    start_tracker_logs,
     tokenizer_staging,
 )
+from .tracking import end_tracker_logs, restore_thread_excepthook, start_tracker_logs
 from ..data.tokenization import train_tokenizer_on_corpus
 from ..translation.translate import TEST_SOURCES_FILE, ModelLoadError, load_model_and_tokenizer
 
@@ -357,6 +356,7 @@ def main(argv: list[str] | None = None, model_card_template: str | Path | None =
     finally:
         if previous_sigterm is not None:
             signal.signal(signal.SIGTERM, previous_sigterm)
+        restore_thread_excepthook()  # a run that failed before its trackers ended
     if launched_rank() == 0:  # the other processes print errors only
         print(json.dumps({key: value for key, value in results.items() if key != "filtered"}, indent=1))
     return 0
