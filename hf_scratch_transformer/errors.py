@@ -66,7 +66,8 @@ def exit_code(error: BaseException) -> int:
 
 def one_line(error: BaseException) -> str:
     """What a command prints after `error:` — this package's message as written; for any other exception (a bug, or
-    a library's failure nobody foresaw) its type and message, folded onto one line and cut, and where the traceback is."""
+    a library's failure nobody foresaw) its type and message, folded onto one line and cut, and where the traceback
+    is."""
     if isinstance(error, ScratchTransformerError):
         return str(error)
     message = " ".join(str(error).split())[:500]

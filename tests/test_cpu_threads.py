@@ -224,3 +224,19 @@ def test_the_cli_refuses_a_negative_thread_count_before_loading(capsys):
 
     assert cli.main(["--model", "does-not-matter", "--cpu_threads", "-1", "hi"]) == 2
     assert "--cpu_threads must be a whole number >= 0" in capsys.readouterr().err
+
+
+def test_each_backend_has_its_own_thread_flag_and_the_other_is_refused_before_loading(capsys):
+    """--cpu_threads is torch's (as in train.py), --ct2_intra_threads CTranslate2's: one flag, one meaning."""
+    from hf_scratch_transformer.translation import cli
+
+    for argv, words in (
+        (["--ct2_intra_threads", "2"], "--ct2_intra_threads sets CTranslate2's threads (--backend ct2); the pytorch "
+                                       "backend's are --cpu_threads N"),
+        (["--backend", "ct2", "--cpu_threads", "2"], "--cpu_threads sets torch's threads (the pytorch backend); "
+                                                     "CTranslate2's are --ct2_intra_threads N"),
+        (["--backend", "ct2", "--ct2_intra_threads", "-1"], "--ct2_intra_threads must be a whole number >= 0"),
+    ):
+        assert cli.main(["--model", "does-not-matter", *argv, "hi"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err

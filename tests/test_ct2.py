@@ -239,7 +239,7 @@ def test_export_command_then_translate_backend_matches_default_backend(model_dir
         "torch_stdin": start_cli("--model", model_dir, "--batch_size", 2, stdin=stdin),
         "ct2_file": start_cli("--backend", "ct2", "--model", out, "--input_file", tmp_path / "in.txt",
                               "--output_file", tmp_path / "ct2.txt", "--num_beams", 4, "--max_new_tokens", 6,
-                              "--batch_size", 3, "--no_progress"),
+                              "--batch_size", 3, "--no_progress", "--ct2_intra_threads", 1),
         "torch_file": start_cli("--model", model_dir, "--input_file", tmp_path / "in.txt", "--output_file",
                                 tmp_path / "torch.txt", "--num_beams", 4, "--max_new_tokens", 6, "--batch_size", 3,
                                 "--no_progress"),

@@ -59,9 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output_file", "-o", metavar="FILE",
                         help="write translations to FILE instead of stdout (replaced only once complete)")
     _add_decoding_arguments(parser)
-    parser.add_argument("--cpu_threads", type=int, default=0, metavar="N",
-                        help="CPU threads (default 0: measured while translating, fewer when other work slows the "
-                        "cores down)")
+    parser.add_argument("--cpu_threads", type=int, metavar="N",
+                        help="pytorch backend: torch's intra-op CPU threads, as train.py's --cpu_threads (default 0: "
+                        "measured while translating, fewer when other work slows the cores down; N pins N, and "
+                        "results then repeat bit for bit)")
+    parser.add_argument("--ct2_intra_threads", type=int, metavar="N",
+                        help="ct2 backend: CTranslate2's CPU threads per batch, its intra_threads (default 0: "
+                        "CTranslate2's own default, 4); batches go to it one at a time (inter_threads 1)")
     parser.add_argument("--device", metavar="DEVICE",
                         help="cpu, cuda, cuda:1, mps... (default: cuda if available, else mps, else cpu)")
     parser.add_argument("--attention", metavar="PNG",
@@ -141,7 +145,7 @@ def _decode_stdin(data: bytes) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise UsageError(f"standard input is not valid UTF-8 ({error.reason} at byte {error.start}): convert it, "
-                       f"e.g. `iconv -f latin1 -t utf-8`") from None
+                         f"e.g. `iconv -f latin1 -t utf-8`") from None
 
 
 def _read_stdin() -> list[str]:
@@ -208,8 +212,11 @@ def _decoding_options(args: argparse.Namespace):
 
     if args.nbest is not None and args.nbest < 1:
         raise UsageError(f"--nbest must be a whole number >= 1, got {args.nbest}")
-    if args.cpu_threads < 0:
+    if args.cpu_threads is not None and args.cpu_threads < 0:
         raise UsageError(f"--cpu_threads must be a whole number >= 0 (0: adapted to the load), got {args.cpu_threads}")
+    if args.ct2_intra_threads is not None and args.ct2_intra_threads < 0:
+        raise UsageError(f"--ct2_intra_threads must be a whole number >= 0 (0: CTranslate2's default), got "
+                         f"{args.ct2_intra_threads}")
     try:
         return DecodingOptions(num_beams=args.num_beams, num_return_sequences=args.nbest or 1,
                                max_new_tokens=args.max_new_tokens, max_len_a=args.max_len_a,
@@ -235,11 +242,17 @@ def _check_combinations(args: argparse.Namespace) -> None:
         raise UsageError("--attention_all needs --attention PNG")
     if (args.alignment_layer is not None or args.alignment_unit != "words") and not args.print_alignment:
         raise UsageError("--alignment_layer and --alignment_unit need --print_alignment")
+    if args.backend == "ct2" and args.cpu_threads is not None:
+        raise UsageError("--cpu_threads sets torch's threads (the pytorch backend); CTranslate2's are "
+                         "--ct2_intra_threads N")
+    if args.backend != "ct2" and args.ct2_intra_threads is not None:
+        raise UsageError("--ct2_intra_threads sets CTranslate2's threads (--backend ct2); the pytorch backend's are "
+                         "--cpu_threads N")
     if args.backend == "ct2" and args.attention:
         raise UsageError("--attention needs the default backend (CTranslate2 returns no attention weights here)")
     if args.backend == "ct2" and args.print_alignment:
         raise UsageError("--print_alignment needs the default backend (the alignment is read from the PyTorch model's "
-                       "cross-attention): drop --backend ct2")
+                         "cross-attention): drop --backend ct2")
 
 
 def _load(args: argparse.Namespace, options):
@@ -257,7 +270,7 @@ def _load(args: argparse.Namespace, options):
         except ValueError as error:  # an invalid --device (a model that cannot be loaded is a ModelLoadError)
             raise UsageError(str(error)) from None
         backend = TorchBackend(model)
-        backend.threads = thread_tuner(next(model.parameters()).device, "translation", args.cpu_threads)
+        backend.threads = thread_tuner(next(model.parameters()).device, "translation", args.cpu_threads or 0)
         if backend.threads is not None:
             backend.threads.activate()
     from ..translation_core import InvalidOption
@@ -276,7 +289,8 @@ def _load_ct2(args: argparse.Namespace):
     from .ct2_backend import CT2Backend, ct2_device
 
     device, device_index = ct2_device(args.device)
-    backend = CT2Backend(args.model, device=device, device_index=device_index, intra_threads=args.cpu_threads)
+    backend = CT2Backend(args.model, device=device, device_index=device_index,
+                         intra_threads=args.ct2_intra_threads or 0)
     config = backend.generation_config
     beams = args.num_beams if args.num_beams is not None else (config.num_beams or 1)
     if beams > 1 and config.early_stopping is not True:
@@ -417,7 +431,7 @@ def _refuse_relative_paths(args: argparse.Namespace) -> None:
                         ("--output_file", args.output_file), ("--attention", args.attention)):
         if value and not os.path.isabs(os.path.expanduser(value)) and (flag != "--model" or os.sep in value):
             raise UsageError(f"the working directory was deleted, so {flag} {value} cannot be found: cd to an existing "
-                           f"directory or give an absolute path")
+                             f"directory or give an absolute path")
 
 
 def main(argv: list[str] | None = None) -> int:
