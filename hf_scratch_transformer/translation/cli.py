@@ -61,8 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_arguments(parser)
     parser.add_argument("--cpu_threads", type=int, metavar="N",
                         help="pytorch backend: torch's intra-op CPU threads, as train.py's --cpu_threads (default 0: "
-                        "measured while translating, fewer when other work slows the cores down; N pins N, and "
-                        "results then repeat bit for bit)")
+                        "measured while translating, fewer when other work slows the cores down; N pins N)")
     parser.add_argument("--ct2_intra_threads", type=int, metavar="N",
                         help="ct2 backend: CTranslate2's CPU threads per batch, its intra_threads (default 0: "
                         "CTranslate2's own default, 4); batches go to it one at a time (inter_threads 1)")
