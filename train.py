@@ -13,13 +13,23 @@
 accelerate is configured for (`accelerate launch --quiet ...` for one process: a failed run then ends with this
 script's one-line error and no accelerate traceback).
 
-The work happens in `hf_scratch_transformer.training.run`; this file only hands it the model-card template.
+The work happens in `hf_scratch_transformer.training.run`; this file sets MKL's reproducibility mode and hands it
+the model-card template.
 """
 
+import os
 import sys
 from pathlib import Path
 
-from hf_scratch_transformer.training.run import main
-
 if __name__ == "__main__":
+    # MKL's conditional numerical reproducibility: without it MKL may pick its code path by how the memory happens to
+    # be aligned, so the same run at the same thread count can end with other weights; with it a matrix product
+    # repeats bit for bit at a fixed thread count (the guarantee of a pinned --cpu_threads N), and STRICT keeps the
+    # bits of its sums for any thread count (the speed was the same within noise). MKL reads the variable once, when
+    # it first runs, so it is set before torch is imported; a value already set is kept. It is the training
+    # command's choice: importing the package changes no environment variable.
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
+    from hf_scratch_transformer.training.run import main
+
     sys.exit(main(model_card_template=Path(__file__).resolve().with_name("model_card.md")))

@@ -65,7 +65,7 @@ def generate_engine(path: str, max_new_tokens: int):
 
 def ct2_engine(path: str, threads: int, max_new_tokens: int):
     """A CTranslate2 export: (run, decode, weights on disk, None)."""
-    from hf_scratch_transformer.export.ct2 import CT2Backend
+    from hf_scratch_transformer.translation.ct2_backend import CT2Backend
     from hf_scratch_transformer.translation_core import decode_ids
 
     backend = CT2Backend(path, device="cpu", intra_threads=threads)

@@ -1,15 +1,9 @@
 """hf_scratch_transformer: the Transformer of "Attention Is All You Need", from scratch, as a transformers model.
 
 Importing the package registers the model with transformers' Auto classes, so
-`AutoModelForSeq2SeqLM.from_pretrained(saved_dir)` works without `trust_remote_code`.
+`AutoModelForSeq2SeqLM.from_pretrained(saved_dir)` works without `trust_remote_code`; it changes nothing else in
+the process (no environment variable, hook, logging or warning setting, matplotlib backend or torch setting).
 """
-
-import os
-
-# MKL's strict reproducibility mode: fp32 matrix products give the same bits for any number of threads, so training
-# is bit-identical however many threads the adaptive policy uses (without it, an Intel Xeon trained other weights at
-# 1 and 2 threads; the speed was the same within noise). MKL reads it when it first runs; a value already set is kept.
-os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 

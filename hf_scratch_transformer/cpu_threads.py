@@ -5,8 +5,11 @@ of one thread per core can be many times slower than fewer threads: at every ope
 one that the operating system has descheduled, and the small operators of a small model hit those barriers
 thousands of times per step. `ThreadTuner` measures throughput (work per second: tokens trained, tokens translated)
 over short windows, tries the neighbouring thread counts now and then, keeps the fastest, and tries again at once
-when throughput falls. A model's training does not depend on the thread count (see `ReproducibleLayerNorm`), so the
-choice changes speed only.
+when throughput falls.
+
+That speed has a price: torch's CPU kernels (LayerNorm's gradient, bf16 matrix products on AMX) split their sums by
+thread count, so a run whose count changes with the load does not repeat bit for bit. A pinned count (`fixed`,
+--cpu_threads N) measures nothing and repeats: fp32 training is bit-identical run to run at the same count.
 
     tuner = ThreadTuner(max_threads=2, name="training")
     tuner.activate()
@@ -173,11 +176,13 @@ class ThreadTuner:
         self.set_threads(count)
 
     def describe(self) -> str:
+        """The log line of the policy, with what it means for reproducibility."""
         if not self.adaptive:
-            why = "fixed by --cpu_threads" if self.fixed else "one core available"
-            return f"{self.current} CPU thread(s) for {self.name} ({why})"
-        return (f"{self.current} CPU thread(s) for {self.name} to start with; measured and adapted to the load "
-                f"(1 to {self.max_threads}; --cpu_threads N keeps N)")
+            why = "pinned by --cpu_threads" if self.fixed else "one core available"
+            return f"{self.current} CPU thread(s) for {self.name} ({why}: results repeat bit for bit at this count)"
+        return (f"{self.current} CPU thread(s) for {self.name} to start with, then adapted to the load (1 to "
+                f"{self.max_threads}): faster on busy cores, but the sums depend on the thread count, so results do "
+                f"not repeat bit for bit; --cpu_threads N pins N and makes them repeat")
 
     def record(self, work: float, seconds: float) -> None:
         """Account one step (`work` units done in `seconds`); may change the thread count."""

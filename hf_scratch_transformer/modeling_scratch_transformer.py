@@ -15,9 +15,7 @@ Dh = D / H head width, F feed-forward width, V vocabulary. Tensors are (B, L, D)
 """
 
 import math
-import shutil
 from collections.abc import Callable
-from pathlib import Path
 from typing import Unpack
 
 import torch
@@ -202,22 +200,6 @@ class PositionwiseFeedForward(nn.Module):
         return self.fc2(hidden_states)  # (B, L, D)
 
 
-class ReproducibleLayerNorm(nn.LayerNorm):
-    """LayerNorm(x) = γ · (x - mean) / √(var + ε) + β over the last dimension (Ba et al., 2016), as `nn.LayerNorm`.
-
-    On a CPU the scale γ and shift β are applied outside torch's fused kernel, whose gradient for them is summed in
-    an order that depends on the number of threads; a plain multiply and add leave that sum to autograd, which does
-    not. Training is then bit-identical whatever the thread count, which the CPU-thread policy changes during a run.
-    On other devices the fused kernel is used as is.
-    """
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if not hidden_states.is_cpu:
-            return super().forward(hidden_states)
-        normalized = F.layer_norm(hidden_states, self.normalized_shape, None, None, self.eps)
-        return normalized * self.weight + self.bias
-
-
 class AddAndNorm(GradientCheckpointingLayer):
     """Residual connection and LayerNorm around each sublayer (§3.1): LayerNorm(x + Dropout(Sublayer(x))).
 
@@ -244,10 +226,10 @@ class ScratchEncoderLayer(AddAndNorm):
     def __init__(self, config: ScratchTransformerConfig, layer_idx: int):
         super().__init__(config)
         self.self_attn = MultiHeadAttention(config, config.encoder_attention_heads, layer_idx)
-        self.self_attn_layer_norm = ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.feed_forward = PositionwiseFeedForward(config, config.encoder_ffn_dim)
         # Marian's name for the feed-forward's norm (the layer's last)
-        self.final_layer_norm = ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs) -> torch.Tensor:
         """hidden_states (B, S, D), attention_mask as built by `create_bidirectional_mask` -> (B, S, D)."""
@@ -266,12 +248,12 @@ class ScratchDecoderLayer(AddAndNorm):
         super().__init__(config)
         heads = config.decoder_attention_heads
         self.self_attn = MultiHeadAttention(config, heads, layer_idx, is_causal=True)
-        self.self_attn_layer_norm = ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.cross_attn = MultiHeadAttention(config, heads, layer_idx, is_cross_attention=True)
-        self.cross_attn_layer_norm = ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.cross_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.feed_forward = PositionwiseFeedForward(config, config.decoder_ffn_dim)
         # Marian's name for the feed-forward's norm (the layer's last)
-        self.final_layer_norm = ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(
         self,
@@ -299,7 +281,7 @@ class ScratchDecoderLayer(AddAndNorm):
 
 
 class ScratchTransformerPreTrainedModel(PreTrainedModel):
-    """Weight init, loading and saving shared by the stacks and the models."""
+    """Weight init and loading shared by the stacks and the models."""
 
     config: ScratchTransformerConfig
     config_class = ScratchTransformerConfig
@@ -341,14 +323,6 @@ class ScratchTransformerPreTrainedModel(PreTrainedModel):
             return super().get_expanded_tied_weights_keys(all_submodels=True)
         return dict(self._tied_weights_keys or {})
 
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """`PreTrainedModel.save_pretrained`, plus the translation pipeline's code (and the translation core it
-        imports) beside the model's code."""
-        super().save_pretrained(save_directory, *args, **kwargs)
-        if kwargs.get("is_main_process", True):
-            for name in ("pipeline_translation.py", "translation_core.py"):
-                shutil.copyfile(Path(__file__).with_name(name), Path(save_directory) / name)
-
 
 class TransformerStack(ScratchTransformerPreTrainedModel):
     """What encoder and decoder share: token embeddings × √D plus positions, dropout (§3.4, §3.5), N layers, and a
@@ -365,7 +339,7 @@ class TransformerStack(ScratchTransformerPreTrainedModel):
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.dropout = config.dropout
         self.layers = nn.ModuleList(self.layer_class(config, i) for i in range(num_layers))
-        self.layer_norm = (ReproducibleLayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before
+        self.layer_norm = (nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before
                            else None)  # the stack's last norm, pre-norm only (mBART's name)
         self.post_init()
 

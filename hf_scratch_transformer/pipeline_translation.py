@@ -1,16 +1,20 @@
 """A `translation` pipeline for transformers 5, which removed the built-in one; it translates through the package's
 translation core (translation_core.py), so it gives what the command line and `translate()` give.
 
-Every saved model directory carries this file, translation_core.py and a `custom_pipelines` entry in its config, so
-`pipeline("translation", model=dir, trust_remote_code=True)` works in any process. With the package imported,
+A directory saved by the pipeline (`translation_pipeline(model, tokenizer).save_pretrained(dir)`, which is how train.py
+saves its models) carries the model, its tokenizer, this file and the files it imports (translation_core.py,
+errors.py), and the model's config has a `custom_pipelines` entry, so `pipeline("translation", model=dir,
+trust_remote_code=True)` works in any process. With the package imported,
 `hf_scratch_transformer.translation_pipeline(model_or_dir)` also accepts a model object.
-This file imports only transformers and its sibling: both are copied into saved directories for
+This file imports only transformers and its siblings: they are copied into saved directories for
 `trust_remote_code=True`.
 """
 
 import copy
+import os
 
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Pipeline, pipeline
+from transformers.dynamic_module_utils import custom_object_save
 
 from .translation_core import DecodingOptions, TorchBackend, check_tokenizer_fits, translate_batches
 
@@ -57,6 +61,14 @@ class TranslationPipeline(Pipeline):
 
     def _sanitize_parameters(self, **kwargs):
         return {}, kwargs, {}
+
+    def save_pretrained(self, save_directory, **kwargs) -> None:
+        """The model and tokenizer (`Pipeline.save_pretrained`), then this file and the files it imports, copied by
+        transformers' `custom_object_save` (its way of saving a custom pipeline's code): the directory then works with
+        `pipeline("translation", model=save_directory, trust_remote_code=True)` where the package is not installed."""
+        super().save_pretrained(save_directory, **kwargs)
+        if os.path.isdir(save_directory):  # transformers logs an error and saves nothing into a file's path
+            custom_object_save(self, save_directory)
 
     def _translate(self, texts, **options) -> list[list[dict]]:
         core = {name: options.pop(name) for name in (*CORE_OPTIONS, "batch_size") if name in options}

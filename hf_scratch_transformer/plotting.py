@@ -1,6 +1,7 @@
 """Figures: what the decoder attends to in the source (cross-attention heatmaps), and training curves.
 
-Uses matplotlib's non-interactive Agg backend, so it works on servers without a display. The attention weights
+Figures are drawn with matplotlib's object-oriented API on its Agg canvas (no pyplot, no global backend switched), so
+it works on servers without a display and leaves a program's own matplotlib settings alone. The attention weights
 come from `translation_core.cross_attention_matrices` (also importable from here). A figure is written to a
 temporary file beside `path` and renamed into place: a failed write (full disk) leaves no half-written PNG.
 
@@ -17,14 +18,12 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from .translation_core import cross_attention_matrices, without_start_token  # noqa: E402
+from .translation_core import cross_attention_matrices, without_start_token
 
 WORD_START = "▁"  # prefixed to tokens that begin a word (the SentencePiece convention)
 DPI = 100
@@ -113,9 +112,17 @@ def attention_figure_size(target_length: int, source_length: int, layers: int, h
     return round(max(main_width, grid_width, 6.0), 2), round(main_height + grid_height, 2)
 
 
-def save_figure(fig, path) -> Path:
-    """Write `fig` as the PNG `path` (parent folders created) through a temporary file renamed into place, and close
-    it; on an error (disk full, read-only folder) no partial file is left and the OSError propagates."""
+def new_figure(**options) -> Figure:
+    """A figure on its own Agg canvas (`Figure` options: figsize, layout...): nothing global is created or switched,
+    and it is freed with its last reference."""
+    figure = Figure(dpi=DPI, **options)
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def save_figure(fig: Figure, path) -> Path:
+    """Write `fig` as the PNG `path` (parent folders created) through a temporary file renamed into place; on an
+    error (disk full, read-only folder) no partial file is left and the OSError propagates."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
@@ -125,8 +132,6 @@ def save_figure(fig, path) -> Path:
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
-    finally:
-        plt.close(fig)
     return path
 
 
@@ -162,7 +167,7 @@ def plot_attention(
         )
     width, height = attention_figure_size(target_length, source_length, layers, heads)
     main_height = 1.8 + CELL * target_length + 1.6
-    fig = plt.figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    fig = new_figure(figsize=(width, height), layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[main_height, height - main_height])
     _draw_layer_mean(top, weights, layer % layers, source_labels, target_labels, title)
     _draw_every_head(bottom, weights)
@@ -238,7 +243,8 @@ def plot_training_curves(history: list[dict], path) -> Path:
     history rows: {"step": int, "train_loss": float} or {"step": int, "eval_loss": float, "eval_bleu": float};
     other keys are ignored, and rows lacking a key (or holding None / NaN) are skipped for that curve.
     """
-    fig, (loss_ax, bleu_ax) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=DPI, layout="constrained")
+    fig = new_figure(figsize=(11, 4.2), layout="constrained")
+    loss_ax, bleu_ax = fig.subplots(1, 2)
     for key, label, style in (("train_loss", "train loss", "-"), ("eval_loss", "validation loss", "o-")):
         steps, values = _series(history, key)
         if steps:

@@ -27,8 +27,8 @@ in a batch).
 A hypothesis's score is the sum of its tokens' log-probabilities (`</s>` included) divided by
 `length ** length_penalty`, the number beam search ranks hypotheses by (transformers' and fairseq's definition).
 
-This file imports only torch and transformers: it is copied into saved model directories beside
-pipeline_translation.py, which uses it under `trust_remote_code=True`.
+This file imports only torch, transformers and its sibling errors.py: both are copied into saved model directories
+beside pipeline_translation.py, which uses them under `trust_remote_code=True`.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from .errors import UsageError
+
 logger = logging.getLogger("hf_scratch_transformer")
 
 DEFAULT_MAX_LEN_A = 1.5  # fairseq's max_len_a: new tokens per source token ...
@@ -56,8 +58,9 @@ FALLBACK_MAX_SOURCE_TOKENS = 512  # when neither the model nor the tokenizer sta
 # --------------------------------------------------------------------------------------------------------------
 # Options, checked once
 # --------------------------------------------------------------------------------------------------------------
-class InvalidOption(ValueError):
-    """A decoding option out of range. `name` is the option's name, so a command line can name its own flag."""
+class InvalidOption(UsageError, ValueError):
+    """A decoding option out of range (a ValueError too). `name` is the option's name, so a command line can name its
+    own flag."""
 
     def __init__(self, name: str, value, requirement: str):
         self.name, self.value, self.requirement = name, value, requirement

@@ -1,4 +1,5 @@
-"""CTranslate2 export (hf_scratch_transformer.export.ct2) and `hf-scratch-translate --backend ct2`.
+"""CTranslate2 export (hf_scratch_transformer.export.ct2) and its backend, `hf-scratch-translate --backend ct2`
+(hf_scratch_transformer.translation.ct2_backend).
 
 The exported model must decode to the token ids of `generate()` itself (greedy and beam search), on a tiny model
 trained on the CLI fixtures' sentence pairs plus sentences it has never seen (one truncated to the model's
@@ -17,14 +18,13 @@ from tmpfs import small_tmpfs
 
 from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration
 from hf_scratch_transformer.export.ct2 import (
-    INSTALL_HINT,
-    CT2Backend,
     CT2ExportError,
     build_spec,
     export_ct2,
     main as export_main,
     unexpressible_settings,
 )
+from hf_scratch_transformer.translation.ct2_backend import INSTALL_HINT, CT2Backend
 from hf_scratch_transformer.translation_core import DecodingOptions, strip_generated, translate_batches
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -239,7 +239,7 @@ def test_export_command_then_translate_backend_matches_default_backend(model_dir
         "torch_stdin": start_cli("--model", model_dir, "--batch_size", 2, stdin=stdin),
         "ct2_file": start_cli("--backend", "ct2", "--model", out, "--input_file", tmp_path / "in.txt",
                               "--output_file", tmp_path / "ct2.txt", "--num_beams", 4, "--max_new_tokens", 6,
-                              "--batch_size", 3, "--no_progress"),
+                              "--batch_size", 3, "--no_progress", "--ct2_intra_threads", 1),
         "torch_file": start_cli("--model", model_dir, "--input_file", tmp_path / "in.txt", "--output_file",
                                 tmp_path / "torch.txt", "--num_beams", 4, "--max_new_tokens", 6, "--batch_size", 3,
                                 "--no_progress"),

@@ -18,7 +18,7 @@ from huggingface_hub import ModelCard, SpaceCard
 
 from hf_scratch_transformer.translation import demo
 from hf_scratch_transformer.data.loading import SHIPPED_CORPUS_FILES, SHIPPED_DATASET_ID
-from hf_scratch_transformer.errors import UsageError
+from hf_scratch_transformer.errors import EnvironmentFault, UsageError
 from hf_scratch_transformer.translation.translate import TEST_SOURCES_FILE
 from hf_scratch_transformer.translation.translate import translate
 
@@ -172,7 +172,7 @@ def test_check_port_refuses_a_port_in_use_and_one_out_of_range():
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        with pytest.raises(demo.DemoEnvironmentError, match=f"127.0.0.1:{port}"):
+        with pytest.raises(EnvironmentFault, match=f"127.0.0.1:{port}"):
             demo.check_port("127.0.0.1", port)
     demo.check_port("127.0.0.1", port)  # free again
     with pytest.raises(UsageError, match="--port must be between 1 and 65535, got 70000"):

@@ -25,9 +25,10 @@ def trained(pairs, tiny_tokenizer):
 
 @pytest.fixture(scope="module")
 def saved_dir(trained, tiny_tokenizer, tmp_path_factory):
+    """Saved as docs/translating.md tells a user to save a model of their own: through the translation pipeline, which
+    adds its code (model.save_pretrained alone saves the model's)."""
     directory = tmp_path_factory.mktemp("saved_model")
-    trained.save_pretrained(directory)
-    tiny_tokenizer.save_pretrained(directory)
+    translation_pipeline(trained, tiny_tokenizer).save_pretrained(directory)
     return directory
 
 
@@ -219,6 +220,7 @@ def test_remote_code_in_a_process_without_the_package(saved_dir, trained, tiny_t
     torch.save({"batch": dict(batch), "decoder_input_ids": decoder_input_ids}, tmp_path / "inputs.pt")
     script = textwrap.dedent(f"""
         import sys, json, torch
+        sys.modules["hf_scratch_transformer"] = None  # importing the package now fails: only the directory's code runs
         from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, pipeline
         directory, inputs = {str(saved_dir)!r}, torch.load({str(tmp_path / "inputs.pt")!r})
         config = AutoConfig.from_pretrained(directory, trust_remote_code=True)
@@ -232,7 +234,7 @@ def test_remote_code_in_a_process_without_the_package(saved_dir, trained, tiny_t
             "missing": sorted(info["missing_keys"]), "unexpected": sorted(info["unexpected_keys"]),
             "tied": model.lm_head.weight is model.model.shared.weight,
             "translation": translator({pairs[2][0]!r})[0]["translation_text"],
-            "package_imported": "hf_scratch_transformer" in sys.modules,
+            "package_imported": sys.modules.get("hf_scratch_transformer") is not None,
         }}))
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)

@@ -1,6 +1,12 @@
 """model_directory.py: the model directory is in safetensors only, with the code trust_remote_code runs; the hub
 push fails cleanly. (A failed final save on a real full disk: test_run_directory.py.)"""
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 from helpers import MODEL_CARD_TEMPLATE, tiny_run_flags
 from transformers import AutoModelForSeq2SeqLM
 
@@ -16,8 +22,34 @@ def test_weights_are_written_only_as_safetensors(finished_run):
         accelerate_load(path, map_location="cpu")  # weights_only=True under the hood (see the SIGTERM test)
     assert (finished_run / "model.safetensors").is_file() and (finished_run / "checkpoint-4" / "model.safetensors").is_file()
     # trust_remote_code=True would execute exactly these files, saved beside the weights
-    assert {"modeling_scratch_transformer.py", "configuration_scratch_transformer.py",
-            "pipeline_translation.py"} <= {path.name for path in finished_run.glob("*.py")}
+    assert {path.name for path in finished_run.glob("*.py")} == {
+        "modeling_scratch_transformer.py", "configuration_scratch_transformer.py", "pipeline_translation.py",
+        "translation_core.py", "errors.py"}
+
+
+def test_the_model_directory_translates_through_remote_code_where_the_package_cannot_be_imported(finished_run,
+                                                                                                 tmp_path):
+    """What a user of the Hub gets: `pipeline("translation", model=dir, trust_remote_code=True)` in a fresh process
+    in which importing hf_scratch_transformer fails, so every line run comes from the directory."""
+    script = textwrap.dedent(f"""
+        import json, sys
+        sys.modules["hf_scratch_transformer"] = None  # `import hf_scratch_transformer` now raises ImportError
+        from transformers import pipeline
+        translator = pipeline("translation", model={str(finished_run)!r}, trust_remote_code=True)
+        print(json.dumps({{"pipeline": type(translator).__module__ + "." + type(translator).__name__,
+                          "translations": translator(["Jesus wept.", ""], max_new_tokens=6),
+                          "nbest": translator("Jesus wept.", num_beams=2, num_return_sequences=2, max_new_tokens=6)}}))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["pipeline"].startswith("transformers_modules.") and report["pipeline"].endswith(
+        "pipeline_translation.TranslationPipeline")
+    [first, empty] = report["translations"]  # a model trained 4 steps: its translation may be empty too
+    assert set(first) == {"translation_text"} and empty == {"translation_text": ""}
+    assert [set(hypothesis) for hypothesis in report["nbest"]] == [{"translation_text", "score"}] * 2
+    assert report["nbest"][0]["score"] >= report["nbest"][1]["score"]
 
 
 def test_push_to_hub_offline_fails_cleanly_and_keeps_the_model(tmp_path, capsys, monkeypatch):

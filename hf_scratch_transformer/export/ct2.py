@@ -1,5 +1,5 @@
-"""CTranslate2: export a trained model (`export_ct2`, `hf-scratch-export-ct2`), and translate with the exported
-directory (`CT2Backend`, a backend of the translation core: `hf-scratch-translate --backend ct2`).
+"""CTranslate2: export a trained model (`export_ct2`, the `hf-scratch-export-ct2` command) to a directory that
+`hf-scratch-translate --backend ct2` translates with (translation/ct2_backend.py).
 
     hf-scratch-export-ct2 --model outputs/scratch-small-en-es --output_dir outputs/scratch-small-en-es-ct2
     hf-scratch-export-ct2 --model outputs/scratch-small-en-es --output_dir outputs/ct2-int8 --quantization int8
@@ -27,42 +27,15 @@ import shutil
 import sys
 from pathlib import Path
 
+from ..errors import exit_code, one_line, write_error
+from ..translation.ct2_backend import INFO_FILE, INSTALL_HINT, CT2Error, require_ctranslate2, vocabulary_tokens
+
 logger = logging.getLogger("hf_scratch_transformer")
-INSTALL_HINT = "pip install hf-scratch-transformer[ct2]"
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16", "bfloat16")
-INFO_FILE = "hf_scratch_transformer_ct2.json"
-# generation_config fields the CTranslate2 backend cannot honour: refused rather than silently ignored
-UNSUPPORTED_GENERATION = {
-    "do_sample": False, "num_beam_groups": 1, "forced_bos_token_id": None, "forced_eos_token_id": None,
-    "bad_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None,
-}
 
 
-class CT2ExportError(ValueError):
-    """The model cannot be exported or translated with CTranslate2; the message is one line meant for a user."""
-
-
-class CT2NotInstalledError(CT2ExportError, ImportError):
-    """The optional `ctranslate2` package is missing."""
-
-
-class CT2WriteError(CT2ExportError):
-    """The exported files could not be written (full disk, read-only folder...); `exit_status` is the command's."""
-
-    def __init__(self, message: str, exit_status: int):
-        super().__init__(message)
-        self.exit_status = exit_status
-
-
-def require_ctranslate2():
-    """The `ctranslate2` module, or CT2NotInstalledError with the install command."""
-    try:
-        import ctranslate2
-    except ImportError as error:
-        raise CT2NotInstalledError(
-            f"CTranslate2 is not installed ({error}): install it with `{INSTALL_HINT}`"
-        ) from None
-    return ctranslate2
+class CT2ExportError(CT2Error):
+    """The model cannot be exported to CTranslate2; the message is one line meant for a user."""
 
 
 def unexpressible_settings(config) -> list[str]:
@@ -91,29 +64,6 @@ def unexpressible_settings(config) -> list[str]:
     if config.decoder_start_token_id is None and config.bos_token_id is None:
         problems.append("neither decoder_start_token_id nor bos_token_id is set: no token to start decoding with")
     return problems
-
-
-def vocabulary_tokens(tokenizer, size: int) -> list[str]:
-    """The tokenizer's tokens in id order, `size` of them: ids the tokenizer lacks (embeddings padded to a
-    multiple) get unique placeholders, which the model never sees in input and practically never generates."""
-    from ..translation_core import check_tokenizer_fits
-
-    try:
-        check_tokenizer_fits(tokenizer, size)
-    except ValueError as error:
-        raise CT2ExportError(str(error)) from None
-    by_id = {index: token for token, index in tokenizer.get_vocab().items()}
-    taken = set(by_id.values())
-    tokens = []
-    for index in range(size):
-        token = by_id.get(index)
-        if token is None:
-            token = f"<unused_{index}>"
-            while token in taken:
-                token = "_" + token
-            taken.add(token)
-        tokens.append(token)
-    return tokens
 
 
 def _numpy(tensor):
@@ -237,8 +187,9 @@ def export_ct2(model_dir, output_dir, quantization: str | None = None, force: bo
     into a hidden folder beside `output_dir`, renamed into place when complete: a failed write (full disk,
     read-only folder) leaves nothing behind, and a directory replaced with `force` stays until the new one is in.
     Raises CT2NotInstalledError without ctranslate2, CT2ExportError for a model CTranslate2 cannot express, an
-    unknown quantization or an output directory that is not empty (unless `force`), CT2WriteError when the files
-    cannot be written, and translate.ModelLoadError for a directory that does not hold a loadable model.
+    unknown quantization or an output directory that is not empty (unless `force`), CT2Error for a tokenizer that
+    does not fit the model, errors.write_error's UsageError or EnvironmentFault when the files cannot be written, and
+    translate.ModelLoadError for a directory that does not hold a loadable model.
     """
     ctranslate2 = require_ctranslate2()
     quantization = quantization or "float32"
@@ -282,9 +233,7 @@ def _check_export_target(model_dir, output_dir, quantization: str, force: bool) 
         if output.is_dir() and any(output.iterdir()) and not force:
             raise CT2ExportError(f"--output_dir {output} is not empty (use --force to overwrite)")
     except OSError as error:  # a name too long, a folder that cannot be listed
-        from ..translation.cli import describe_write_error
-
-        raise CT2WriteError(*describe_write_error(error, "the CTranslate2 model", output)) from None
+        raise write_error(error, "the CTranslate2 model", output) from None
     if Path(model_dir).expanduser().resolve() == output.resolve():
         raise CT2ExportError("--output_dir must differ from --model (both would hold a config.json)")
     return output
@@ -293,7 +242,7 @@ def _check_export_target(model_dir, output_dir, quantization: str, force: bool) 
 def write_directory(output: Path, write, what: str) -> None:
     """`write(folder)` into a hidden folder beside `output`, then renamed to `output` (replacing it, when it
     exists, only once the new one is complete). On an OSError nothing new is left behind (folders created for it
-    included) and CT2WriteError says what happened in one line."""
+    included) and errors.write_error says what happened in one line."""
     created = [parent for parent in reversed(output.parents) if not parent.exists()]
     staging = output.parent / f".{output.name}.partial-{os.getpid()}"
     try:
@@ -306,10 +255,7 @@ def write_directory(output: Path, write, what: str) -> None:
         for folder in reversed(created):
             with contextlib.suppress(OSError):
                 folder.rmdir()
-        from ..translation.cli import describe_write_error
-
-        message, status = describe_write_error(error, what, output)
-        raise CT2WriteError(message, status) from None
+        raise write_error(error, what, output) from None
 
 
 def _replace_directory(new: Path, target: Path) -> None:
@@ -325,117 +271,6 @@ def _replace_directory(new: Path, target: Path) -> None:
         os.rename(aside, target)
         raise
     shutil.rmtree(aside, ignore_errors=True)
-
-
-# ------------------------------------------------------------------------------------------- translating with it
-def ct2_device(requested: str | None = None) -> tuple[str, int]:
-    """(CTranslate2 device, device index) for a --device value such as "cpu", "cuda" or "cuda:1"; without one,
-    cuda when CTranslate2 sees a GPU, else cpu."""
-    ctranslate2 = require_ctranslate2()
-    if not requested:
-        return ("cuda", 0) if ctranslate2.get_cuda_device_count() > 0 else ("cpu", 0)
-    kind, _, index = requested.partition(":")
-    if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
-        raise CT2ExportError(f"invalid --device {requested!r} for the ct2 backend: use cpu, cuda or cuda:N")
-    if kind == "cuda" and ctranslate2.get_cuda_device_count() <= int(index or 0):
-        raise CT2ExportError(f"--device {requested!r} asked for, but CTranslate2 sees no such CUDA device here")
-    return kind, int(index or 0)
-
-
-class CT2Backend:
-    """A directory written by `export_ct2`, loaded: the CTranslate2 backend of the translation core
-    (translation_core.translate_batches), with the tokenizer saved beside it (`.tokenizer`).
-
-    Decoding settings come from the exported generation_config.json: greedy or beam search, the length limit,
-    `min_length`, `length_penalty`, `repetition_penalty` and `no_repeat_ngram_size`; settings CTranslate2 cannot
-    honour (sampling, forced or suppressed tokens...) are refused at load. CTranslate2 bounds only a whole batch,
-    so the core gives it batches of sentences with one bound (`per_row_bounds = False`). Its beam search stops
-    once `num_beams` hypotheses have ended, which is `generate(..., early_stopping=True)` (what train.py saves).
-    """
-
-    per_row_bounds = False
-
-    def __init__(self, model_dir, device: str = "cpu", device_index: int = 0, compute_type: str = "default",
-                 intra_threads: int = 0):
-        ctranslate2 = require_ctranslate2()
-        from transformers import GenerationConfig
-
-        from ..translation.translate import load_tokenizer
-        from ..translation_core import check_tokenizer_fits
-
-        path = Path(model_dir).expanduser()
-        _check_ct2_dir(path, model_dir)
-        try:
-            self.translator = ctranslate2.Translator(str(path), device=device, device_index=device_index,
-                                                     compute_type=compute_type, intra_threads=intra_threads,
-                                                     inter_threads=1)
-        except (RuntimeError, ValueError) as error:
-            raise CT2ExportError(f"cannot load the CTranslate2 model in {model_dir}: {error}") from None
-        self.tokenizer = load_tokenizer(str(path), os.fspath(model_dir))
-        has_config = (path / "generation_config.json").is_file()
-        self.generation_config = GenerationConfig.from_pretrained(str(path)) if has_config else GenerationConfig()
-        _check_generation_config(self.generation_config)
-        info = _read_json(path / INFO_FILE, {})
-        self.tokens = _read_json(path / "shared_vocabulary.json", None) or vocabulary_tokens(self.tokenizer,
-                                                                                              len(self.tokenizer))
-        self.index = {token: i for i, token in enumerate(self.tokens)}
-        self.vocab_size = len(self.tokens)
-        self.max_positions = info.get("max_position_embeddings")
-        try:
-            check_tokenizer_fits(self.tokenizer, self.vocab_size)
-        except ValueError as error:
-            raise CT2ExportError(f"{model_dir}: {error}") from None
-
-    def generate(self, source_ids: list[list[int]], bounds: list[int], num_beams: int, num_return_sequences: int,
-                 with_scores: bool) -> list[list[tuple[list[int], float | None]]]:
-        """Per source, `num_return_sequences` (token ids, score) pairs, best first; `bounds` are all equal."""
-        gc = self.generation_config
-        min_new_tokens = gc.min_new_tokens if gc.min_new_tokens is not None else max((gc.min_length or 0) - 1, 0)
-        results = self.translator.translate_batch(
-            [[self.tokens[token_id] for token_id in ids] for ids in source_ids],
-            beam_size=num_beams, num_hypotheses=num_return_sequences, max_decoding_length=max(bounds),
-            min_decoding_length=min_new_tokens,
-            length_penalty=gc.length_penalty if gc.length_penalty is not None else 1.0,
-            repetition_penalty=gc.repetition_penalty if gc.repetition_penalty is not None else 1.0,
-            no_repeat_ngram_size=gc.no_repeat_ngram_size or 0, patience=1, return_scores=with_scores,
-            return_end_token=True,  # ids end with </s> as generate()'s do; its length normalisation counts it too
-            max_input_length=0, max_batch_size=0,  # the core has cut and batched the inputs
-        )
-        return [[([self.index[token] for token in hypothesis], score if with_scores else None)
-                 for hypothesis, score in zip(result.hypotheses, result.scores or [None] * len(result.hypotheses))]
-                for result in results]
-
-
-def _read_json(path: Path, default):
-    """The JSON in `path`, `default` when there is no such file; a file that is not JSON is named in one line."""
-    if not path.is_file():
-        return default
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise CT2ExportError(f"{path} is not readable JSON ({error}): export the model again") from None
-
-
-def _check_ct2_dir(path: Path, name) -> None:
-    """A local directory (never a hub id) holding a CTranslate2 model and tokenizer files."""
-    if not path.is_dir():
-        what = "is a file, not a directory" if path.exists() else "does not exist (no such directory)"
-        raise CT2ExportError(f"model directory not found: {name} {what}; the ct2 backend reads a local directory "
-                             f"written by hf-scratch-export-ct2")
-    if not (path / "model.bin").is_file():
-        raise CT2ExportError(f"{name} is not a CTranslate2 model directory (no model.bin): export it first with "
-                             f"hf-scratch-export-ct2 --model {name} --output_dir DIR")
-    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
-        raise CT2ExportError(f"no tokenizer files in {name}: was it written by hf-scratch-export-ct2?")
-
-
-def _check_generation_config(generation_config) -> None:
-    """Refuse the generation_config settings CTranslate2 cannot honour, rather than ignore them."""
-    for name, default in UNSUPPORTED_GENERATION.items():
-        value = getattr(generation_config, name, default)
-        if value not in (default, None):
-            raise CT2ExportError(f"generation_config sets {name}={value!r}, which the CTranslate2 backend does not "
-                                 f"support")
 
 
 # ---------------------------------------------------------------------------------------------------- command
@@ -458,29 +293,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run `hf-scratch-export-ct2` with `argv`; returns the exit status (2 for a problem the user can fix, 1 for a
-    full disk)."""
+    """Run `hf-scratch-export-ct2` with `argv`; returns the exit status (errors.exit_code: 2 for a problem the user
+    can fix, 1 for a full disk)."""
     args = build_parser().parse_args(argv)
     if not args.debug:
         os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:
         require_ctranslate2()
-        from ..translation.translate import ModelLoadError
-
         if not args.debug:
             import transformers
 
             transformers.logging.set_verbosity_error()
             transformers.logging.disable_progress_bar()
-        try:
-            output = export_ct2(args.model, args.output_dir, args.quantization, force=args.force)
-        except ModelLoadError as error:
-            raise CT2ExportError(str(error)) from None
-    except CT2ExportError as error:
+        output = export_ct2(args.model, args.output_dir, args.quantization, force=args.force)
+    except KeyboardInterrupt as interrupt:
+        return exit_code(interrupt)
+    except Exception as error:  # noqa: BLE001  (this package's errors and any other: one line, --debug traceback)
         if args.debug:
             raise
-        print(f"hf-scratch-export-ct2: error: {error}", file=sys.stderr)
-        return getattr(error, "exit_status", 2)
+        print(f"hf-scratch-export-ct2: error: {one_line(error)}", file=sys.stderr)
+        return exit_code(error)
     print(f"CTranslate2 model ({args.quantization or 'float32'}) written to {output}", file=sys.stderr)
     return 0
 

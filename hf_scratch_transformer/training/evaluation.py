@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from ..cpu_threads import thread_tuner
 from ..data.batching import make_batch_sampler
-from .run_directory import log_to_trackers
+from .tracking import log_to_trackers
 from ..translation_core import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B
 from ..translation_core import DecodingOptions, TorchBackend, translate_batches
 

@@ -20,6 +20,7 @@ from ..cpu_threads import cpu_bf16_units, cpu_model_and_flags
 from ..data.loading import SHIPPED_DATASET_ID
 from ..errors import TrainingFault
 from .model_card import render_model_card
+from ..pipeline_translation import TranslationPipeline
 from ..plotting import plot_training_curves
 from .run_directory import (
     ALL_RESULTS_FILE,
@@ -71,6 +72,13 @@ def _move_in(staging: Path, output_dir: Path) -> None:
 # ------------------------------------------------------------------------------------------- the model directory
 
 
+def save_model_files(model, tokenizer, folder: Path) -> None:
+    """The model, its tokenizer and the code that `pipeline("translation", model=folder, trust_remote_code=True)`
+    runs (pipeline_translation.py and the files it imports), saved as the translation pipeline saves itself; the
+    model stays on its device."""
+    TranslationPipeline(model=model, tokenizer=tokenizer, device=model.device).save_pretrained(folder)
+
+
 def save_model(output_dir: Path, model, tokenizer, files: dict[str, str], history: list[dict],
                last_checkpoint: Path | None) -> None:
     """Write the Hub-format directory: the model, its tokenizer, `files` (name -> text: result files, model card),
@@ -81,8 +89,7 @@ def save_model(output_dir: Path, model, tokenizer, files: dict[str, str], histor
             if last_checkpoint else "the model files there before this save are unchanged")
     with staging_folder(output_dir, "the final model", needed=model.get_memory_footprint(return_buffers=False),
                         kept=kept, then="run again with --resume_from_checkpoint latest") as staging:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        save_model_files(model, tokenizer, staging)
         for name, text in files.items():
             (staging / name).write_text(text, encoding="utf-8")
         (staging / "training_history.json").write_text(json.dumps(history, indent=1))
@@ -248,8 +255,7 @@ def push_during_training(args, output_dir: Path, model, tokenizer, checkpoint: P
         if args.hub_strategy == "checkpoint":
             push_to_hub(args, output_dir, checkpoint, "last-checkpoint", f"Checkpoint at step {step}")
         with staging_folder(output_dir, "a snapshot for the hub") as staging:
-            model.save_pretrained(staging)
-            tokenizer.save_pretrained(staging)
+            save_model_files(model, tokenizer, staging)
             push_to_hub(args, output_dir, staging, None, f"Model at step {step}")
     except TrainingFault as error:
         logger.warning(f"push during training failed, training goes on: {error}")

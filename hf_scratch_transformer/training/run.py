@@ -39,7 +39,7 @@ from ..configuration_scratch_transformer import ScratchTransformerConfig
 from ..data.loading import CorpusError, DataArguments, load_parallel_corpus
 from ..data.preprocessing import TrainingData, evaluation_pairs, make_collator, preprocess_corpus, source_paraphrases
 from .distributed import is_lost_process_error, launched_rank, lost_process_fault, report_to_launcher, stop_watching
-from ..errors import RunInterrupted, TrainingFault, UsageError
+from ..errors import RunInterrupted, ScratchTransformerError, TrainingFault, UsageError, exit_code
 from .evaluation import Evaluator
 from .loop import TrainingLoop, start_accelerator, trackers
 from .model_directory import hardware_description, model_card, push_to_hub, result_files, save_model, save_results
@@ -47,14 +47,13 @@ from ..modeling_scratch_transformer import ScratchTransformerForConditionalGener
 from .run_directory import (
     OutputDirLock,
     claim_output_dir,
-    end_tracker_logs,
     remove_checkpoints,
     resolve_checkpoint,
     set_newer_checkpoints_aside,
     stage_tokenizer,
-    start_tracker_logs,
     tokenizer_staging,
 )
+from .tracking import end_tracker_logs, restore_thread_excepthook, start_tracker_logs
 from ..data.tokenization import train_tokenizer_on_corpus
 from ..translation.translate import TEST_SOURCES_FILE, ModelLoadError, load_model_and_tokenizer
 
@@ -352,18 +351,12 @@ def main(argv: list[str] | None = None, model_card_template: str | Path | None =
         results = run_training(model_args, data_args, args, model_card_template)
     except SystemExit:  # --help (argparse errors are UsageErrors, see parse_arguments)
         raise
-    except UsageError as error:
-        return _fail(f"error: {error}", 2, debug)
-    except TrainingFault as error:
-        return _fail(f"training stopped: {error}", 1, debug)
-    except RunInterrupted as error:
-        return _fail(f"interrupted: {error}", error.exit_code, debug)
-    except KeyboardInterrupt:  # outside the training loop, whose handler saves a checkpoint first
-        return _fail("interrupted outside the training loop: nothing was saved since the last checkpoint, if any",
-                     130, debug)
+    except (ScratchTransformerError, KeyboardInterrupt) as error:
+        return _fail(error, debug)
     finally:
         if previous_sigterm is not None:
             signal.signal(signal.SIGTERM, previous_sigterm)
+        restore_thread_excepthook()  # a run that failed before its trackers ended
     if launched_rank() == 0:  # the other processes print errors only
         print(json.dumps({key: value for key, value in results.items() if key != "filtered"}, indent=1))
     return 0
@@ -381,9 +374,16 @@ def _raise_on_sigterm():
         return None
 
 
-def _fail(message: str, code: int, debug: bool) -> int:
+def _fail(error: BaseException, debug: bool) -> int:
+    """One line on stderr (and to the launcher) for what ended the run; its exit status (errors.exit_code)."""
+    if isinstance(error, KeyboardInterrupt):  # outside the training loop, whose handler saves a checkpoint first
+        message = "interrupted outside the training loop: nothing was saved since the last checkpoint, if any"
+    else:
+        heading = ("interrupted" if isinstance(error, RunInterrupted) else
+                   "training stopped" if isinstance(error, TrainingFault) else "error")
+        message = f"{heading}: {error}"
     if debug:
         logger.exception(message)
     print(message, file=sys.stderr)
     report_to_launcher(message)
-    return code
+    return exit_code(error)

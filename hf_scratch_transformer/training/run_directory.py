@@ -32,7 +32,6 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -483,50 +482,3 @@ def _complete(partial: Path, final: Path, state) -> None:
     if final.exists():
         shutil.rmtree(final)
     os.replace(partial, final)
-
-
-# ----------------------------------------------------------------------------------------------- tracker logs
-
-
-@contextmanager
-def _writing_tracker_logs(accelerator):
-    """A write of the trackers' logs (output_dir/runs): a failure ends in one line."""
-    run_dir = Path(accelerator.logging_dir)
-    names = ", ".join(str(getattr(kind, "value", kind)) for kind in accelerator.log_with)
-    with guarded_write(f"the {names} logs", run_dir / TRACKER_LOGS, run_dir=run_dir):
-        yield
-
-
-def start_tracker_logs(accelerator, config: dict) -> None:
-    """Accelerate's trackers (--report_to), logging into output_dir/runs."""
-    threading.excepthook = _quiet_writer_thread_errors(threading.excepthook)
-    with _writing_tracker_logs(accelerator):
-        accelerator.init_trackers(TRACKER_LOGS, config=config)
-
-
-def log_to_trackers(accelerator, values: dict, step: int) -> None:
-    """`accelerator.log` (a no-op without trackers)."""
-    with _writing_tracker_logs(accelerator):
-        accelerator.log(values, step=step)
-
-
-def end_tracker_logs(accelerator) -> None:
-    """`accelerator.end_training`: the trackers flush and close their files."""
-    with _writing_tracker_logs(accelerator):
-        accelerator.end_training()
-
-
-def _quiet_writer_thread_errors(previous):
-    """TensorBoard writes from a thread that re-raises a failed write (threading then prints a traceback) and hands
-    the same error to the main thread at the next log call, where it becomes one line: that thread's traceback is
-    dropped; every other thread's error goes to `previous`."""
-    if getattr(previous, "quiets_writer_threads", False):
-        return previous
-
-    def hook(hook_args):
-        if type(hook_args.thread).__name__ == "_AsyncWriterThread" and isinstance(hook_args.exc_value, OSError):
-            return
-        previous(hook_args)
-
-    hook.quiets_writer_threads = True
-    return hook

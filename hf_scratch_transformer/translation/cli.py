@@ -20,31 +20,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import os
 import sys
 import tempfile
 import warnings
 from pathlib import Path
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+from ..errors import ScratchTransformerError, UsageError, exit_code, one_line, working_directory_exists, write_error
+
 FLAGS = {"num_return_sequences": "--nbest"}  # core option -> this command's flag, where the names differ
 
 
-class CLIError(Exception):
-    """A failure told in one line on stderr: exit status 2 (the user can fix it) or 1 (the environment)."""
+class StdoutClosed(ScratchTransformerError):
+    """The reader of standard output went away (`| head -1`): the command ends quietly, with status 0."""
 
-    def __init__(self, message: str, exit_status: int = EXIT_USAGE):
-        super().__init__(message)
-        self.exit_status = exit_status
-
-
-class StdoutClosed(Exception):
-    """The reader of standard output went away (`| head -1`): not an error."""
-
-
-class StdoutFault(CLIError):
-    """Standard output cannot be written (e.g. /dev/full)."""
+    exit_code = 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,9 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output_file", "-o", metavar="FILE",
                         help="write translations to FILE instead of stdout (replaced only once complete)")
     _add_decoding_arguments(parser)
-    parser.add_argument("--cpu_threads", type=int, default=0, metavar="N",
-                        help="CPU threads (default 0: measured while translating, fewer when other work slows the "
-                        "cores down)")
+    parser.add_argument("--cpu_threads", type=int, metavar="N",
+                        help="pytorch backend: torch's intra-op CPU threads, as train.py's --cpu_threads (default 0: "
+                        "measured while translating, fewer when other work slows the cores down; N pins N)")
+    parser.add_argument("--ct2_intra_threads", type=int, metavar="N",
+                        help="ct2 backend: CTranslate2's CPU threads per batch, its intra_threads (default 0: "
+                        "CTranslate2's own default, 4); batches go to it one at a time (inter_threads 1)")
     parser.add_argument("--device", metavar="DEVICE",
                         help="cpu, cuda, cuda:1, mps... (default: cuda if available, else mps, else cpu)")
     parser.add_argument("--attention", metavar="PNG",
@@ -130,43 +123,28 @@ def split_lines(text: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
-def describe_write_error(error: OSError, what: str, path) -> tuple[str, int]:
-    """(one-line message, exit status) for an OSError writing `what` to `path` (None: standard output): a full
-    disk is the environment's fault (1); a path that cannot be written is the user's to change (2)."""
-    where = f"{what} {path}" if path is not None else what
-    if path is not None and not os.path.isabs(path) and not _working_directory_exists():
-        return f"cannot write {where}: the working directory was deleted; give an absolute path", EXIT_USAGE
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"no space left on device writing {where}: free some space, or write elsewhere", EXIT_FAILURE
-    reason = error.strerror or str(error)
-    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR,
-                       errno.ENOENT, errno.EEXIST):
-        return f"cannot write {where}: {reason}; choose another path", EXIT_USAGE
-    return f"cannot write {where}: {reason}", EXIT_FAILURE
-
-
 def _read_lines(path: str) -> list[str]:
     try:
         with open(path, "rb") as handle:
             data = handle.read()
     except FileNotFoundError:
-        raise CLIError(f"input file not found: {path}") from None
+        raise UsageError(f"input file not found: {path}") from None
     except IsADirectoryError:
-        raise CLIError(f"input file is a directory: {path}") from None
+        raise UsageError(f"input file is a directory: {path}") from None
     except OSError as error:
-        raise CLIError(f"cannot read input file {path}: {error.strerror or error}") from None
+        raise UsageError(f"cannot read input file {path}: {error.strerror or error}") from None
     try:
         return split_lines(data.decode("utf-8"))
     except UnicodeDecodeError as error:
-        raise CLIError(f"input file is not valid UTF-8: {path} ({error.reason} at byte {error.start})") from None
+        raise UsageError(f"input file is not valid UTF-8: {path} ({error.reason} at byte {error.start})") from None
 
 
 def _decode_stdin(data: bytes) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise CLIError(f"standard input is not valid UTF-8 ({error.reason} at byte {error.start}): convert it, "
-                       f"e.g. `iconv -f latin1 -t utf-8`") from None
+        raise UsageError(f"standard input is not valid UTF-8 ({error.reason} at byte {error.start}): convert it, "
+                         f"e.g. `iconv -f latin1 -t utf-8`") from None
 
 
 def _read_stdin() -> list[str]:
@@ -192,8 +170,9 @@ def _write_stdout(lines: list[str], flush: bool = True) -> None:
             sys.stdout.flush()
     except BrokenPipeError:
         raise StdoutClosed from None
-    except OSError as error:
-        raise StdoutFault(*describe_write_error(error, "standard output", None)) from None
+    except OSError as error:  # e.g. /dev/full; what is still buffered must not fail again at exit
+        _silence_stdout()
+        raise write_error(error, "standard output", None) from None
 
 
 def _write_file(path: str, lines: list[str]) -> None:
@@ -212,7 +191,7 @@ def _write_file(path: str, lines: list[str]) -> None:
         if partial is not None:
             with contextlib.suppress(OSError):
                 os.unlink(partial)
-        raise CLIError(*describe_write_error(error, "output file", path)) from None
+        raise write_error(error, "output file", path) from None
 
 
 def _silence_stdout() -> None:
@@ -231,16 +210,19 @@ def _decoding_options(args: argparse.Namespace):
     from ..translation_core import DecodingOptions, InvalidOption
 
     if args.nbest is not None and args.nbest < 1:
-        raise CLIError(f"--nbest must be a whole number >= 1, got {args.nbest}")
-    if args.cpu_threads < 0:
-        raise CLIError(f"--cpu_threads must be a whole number >= 0 (0: adapted to the load), got {args.cpu_threads}")
+        raise UsageError(f"--nbest must be a whole number >= 1, got {args.nbest}")
+    if args.cpu_threads is not None and args.cpu_threads < 0:
+        raise UsageError(f"--cpu_threads must be a whole number >= 0 (0: adapted to the load), got {args.cpu_threads}")
+    if args.ct2_intra_threads is not None and args.ct2_intra_threads < 0:
+        raise UsageError(f"--ct2_intra_threads must be a whole number >= 0 (0: CTranslate2's default), got "
+                         f"{args.ct2_intra_threads}")
     try:
         return DecodingOptions(num_beams=args.num_beams, num_return_sequences=args.nbest or 1,
                                max_new_tokens=args.max_new_tokens, max_len_a=args.max_len_a,
                                max_len_b=args.max_len_b, batch_size=args.batch_size,
                                with_scores=_block_output(args))
     except InvalidOption as error:
-        raise CLIError(_flag_message(error)) from None
+        raise UsageError(_flag_message(error)) from None
 
 
 def _flag_message(error) -> str:
@@ -254,16 +236,22 @@ def _block_output(args: argparse.Namespace) -> bool:
 
 def _check_combinations(args: argparse.Namespace) -> None:
     if args.text and args.input_file:
-        raise CLIError("give either TEXT arguments or --input_file, not both")
+        raise UsageError("give either TEXT arguments or --input_file, not both")
     if args.attention_all and not args.attention:
-        raise CLIError("--attention_all needs --attention PNG")
+        raise UsageError("--attention_all needs --attention PNG")
     if (args.alignment_layer is not None or args.alignment_unit != "words") and not args.print_alignment:
-        raise CLIError("--alignment_layer and --alignment_unit need --print_alignment")
+        raise UsageError("--alignment_layer and --alignment_unit need --print_alignment")
+    if args.backend == "ct2" and args.cpu_threads is not None:
+        raise UsageError("--cpu_threads sets torch's threads (the pytorch backend); CTranslate2's are "
+                         "--ct2_intra_threads N")
+    if args.backend != "ct2" and args.ct2_intra_threads is not None:
+        raise UsageError("--ct2_intra_threads sets CTranslate2's threads (--backend ct2); the pytorch backend's are "
+                         "--cpu_threads N")
     if args.backend == "ct2" and args.attention:
-        raise CLIError("--attention needs the default backend (CTranslate2 returns no attention weights here)")
+        raise UsageError("--attention needs the default backend (CTranslate2 returns no attention weights here)")
     if args.backend == "ct2" and args.print_alignment:
-        raise CLIError("--print_alignment needs the default backend (the alignment is read from the PyTorch model's "
-                       "cross-attention): drop --backend ct2")
+        raise UsageError("--print_alignment needs the default backend (the alignment is read from the PyTorch model's "
+                         "cross-attention): drop --backend ct2")
 
 
 def _load(args: argparse.Namespace, options):
@@ -273,15 +261,15 @@ def _load(args: argparse.Namespace, options):
         tokenizer, model = backend.tokenizer, None
     else:
         from ..cpu_threads import thread_tuner
-        from .translate import ModelLoadError, load_model_and_tokenizer, pick_device
+        from .translate import load_model_and_tokenizer, pick_device
         from ..translation_core import TorchBackend
 
         try:
             model, tokenizer = load_model_and_tokenizer(args.model, pick_device(args.device))
-        except (ModelLoadError, ValueError) as error:
-            raise CLIError(str(error)) from None
+        except ValueError as error:  # an invalid --device (a model that cannot be loaded is a ModelLoadError)
+            raise UsageError(str(error)) from None
         backend = TorchBackend(model)
-        backend.threads = thread_tuner(next(model.parameters()).device, "translation", args.cpu_threads)
+        backend.threads = thread_tuner(next(model.parameters()).device, "translation", args.cpu_threads or 0)
         if backend.threads is not None:
             backend.threads.activate()
     from ..translation_core import InvalidOption
@@ -289,22 +277,19 @@ def _load(args: argparse.Namespace, options):
     try:
         options.beams(backend.generation_config)
     except InvalidOption as error:
-        raise CLIError(_flag_message(error)) from None
+        raise UsageError(_flag_message(error)) from None
     layers = getattr(getattr(model, "config", None), "decoder_layers", None)
     if args.alignment_layer is not None and layers and not 1 <= args.alignment_layer <= layers:
-        raise CLIError(f"--alignment_layer must be a decoder layer, 1 to {layers}, got {args.alignment_layer}")
+        raise UsageError(f"--alignment_layer must be a decoder layer, 1 to {layers}, got {args.alignment_layer}")
     return backend, tokenizer, model
 
 
 def _load_ct2(args: argparse.Namespace):
-    from ..export.ct2 import CT2Backend, CT2ExportError, ct2_device
-    from .translate import ModelLoadError
+    from .ct2_backend import CT2Backend, ct2_device
 
-    try:
-        device, device_index = ct2_device(args.device)
-        backend = CT2Backend(args.model, device=device, device_index=device_index, intra_threads=args.cpu_threads)
-    except (CT2ExportError, ModelLoadError) as error:
-        raise CLIError(str(error)) from None
+    device, device_index = ct2_device(args.device)
+    backend = CT2Backend(args.model, device=device, device_index=device_index,
+                         intra_threads=args.ct2_intra_threads or 0)
     config = backend.generation_config
     beams = args.num_beams if args.num_beams is not None else (config.num_beams or 1)
     if beams > 1 and config.early_stopping is not True:
@@ -346,7 +331,7 @@ def _run(args: argparse.Namespace) -> int:
         _translate_interactively(args, backend, tokenizer, model, options)
     else:
         _translate_all(args, backend, tokenizer, model, texts, options)
-    return EXIT_OK
+    return 0
 
 
 def _read_input(args: argparse.Namespace) -> tuple[list[str], bool]:
@@ -433,18 +418,10 @@ def _draw(model, tokenizer, text: str, ids: list[int], path: Path) -> None:
             warnings.filterwarnings("ignore", message="Glyph .* missing from font")  # CJK, emoji: drawn as boxes
             plotting.plot_translation_attention(model, tokenizer, text, ids, path, title=title)
     except TypeError as error:
-        raise CLIError(f"this model cannot return attention weights ({error})") from None
+        raise UsageError(f"this model cannot return attention weights ({error})") from None
     except OSError as error:
-        raise CLIError(*describe_write_error(error, "attention plot", path)) from None
+        raise write_error(error, "attention plot", path) from None
     print(f"attention plot written to {path}", file=sys.stderr)
-
-
-def _working_directory_exists() -> bool:
-    try:
-        os.getcwd()
-        return True
-    except FileNotFoundError:
-        return False
 
 
 def _refuse_relative_paths(args: argparse.Namespace) -> None:
@@ -452,8 +429,8 @@ def _refuse_relative_paths(args: argparse.Namespace) -> None:
     for flag, value in (("--model", args.model), ("--input_file", args.input_file),
                         ("--output_file", args.output_file), ("--attention", args.attention)):
         if value and not os.path.isabs(os.path.expanduser(value)) and (flag != "--model" or os.sep in value):
-            raise CLIError(f"the working directory was deleted, so {flag} {value} cannot be found: cd to an existing "
-                           f"directory or give an absolute path")
+            raise UsageError(f"the working directory was deleted, so {flag} {value} cannot be found: cd to an existing "
+                             f"directory or give an absolute path")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -461,28 +438,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if not _working_directory_exists():
+        if not working_directory_exists():
             _refuse_relative_paths(args)
         return _run(args)
-    except StdoutClosed:  # e.g. piped into `head`: the reader has what it wanted
+    except StdoutClosed as closed:  # e.g. piped into `head`: the reader has what it wanted
         _silence_stdout()
-        return EXIT_OK
-    except CLIError as error:
+        return exit_code(closed)
+    except KeyboardInterrupt as interrupt:
+        return exit_code(interrupt)
+    except Exception as error:  # noqa: BLE001  (this package's errors and any other: one line, --debug traceback)
         if args.debug:
             raise
-        if isinstance(error, StdoutFault):
-            _silence_stdout()
-        print(f"hf-scratch-translate: error: {error}", file=sys.stderr)
-        return error.exit_status
-    except KeyboardInterrupt:
-        return 130
-    except Exception as error:  # noqa: BLE001
-        if args.debug:
-            raise
-        message = " ".join(str(error).split())[:500]
-        print(f"hf-scratch-translate: error: {type(error).__name__}: {message} (run with --debug for the traceback)",
-              file=sys.stderr)
-        return EXIT_FAILURE
+        print(f"hf-scratch-translate: error: {one_line(error)}", file=sys.stderr)
+        return exit_code(error)
 
 
 if __name__ == "__main__":

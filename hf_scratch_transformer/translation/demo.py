@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import UsageError
 from ..data.tokenization import language_pair
-from .translate import TEST_SOURCES_FILE, ModelLoadError, load_model_and_tokenizer, pick_device
+from ..errors import EnvironmentFault, UsageError, exit_code, one_line
+from .translate import TEST_SOURCES_FILE, load_model_and_tokenizer, pick_device
 from ..translation_core import DecodingOptions, Hypothesis, TorchBackend, translate_batches
 
 PROGRAM = "hf-scratch-demo"
@@ -56,10 +56,6 @@ BUILTIN_EXAMPLES = {
     "de": ["Am Anfang schuf Gott Himmel und Erde.", "Und Gott sprach: Es werde Licht! und es ward Licht.",
            "Jesus weinte.", "Das Licht scheint in der Finsternis."],
 }
-
-
-class DemoEnvironmentError(Exception):
-    """The machine refused (a port in use, a folder that cannot be written): one line on stderr, exit status 1."""
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -473,7 +469,7 @@ def write_space(directory: str | os.PathLike, model_id: str) -> Path:
         reason = ("a file stands where a folder is needed" if isinstance(error, (FileExistsError, NotADirectoryError))
                   else error.strerror or str(error))
         where = f" ({error.filename})" if error.filename else ""
-        raise DemoEnvironmentError(f"cannot write the Space into {target}: {reason}{where}") from None
+        raise EnvironmentFault(f"cannot write the Space into {target}: {reason}{where}") from None
     return target
 
 
@@ -507,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_port(host: str, port: int | None) -> None:
     """Refuse, before the model is loaded, a port out of range (UsageError) or one that cannot be listened on
-    (DemoEnvironmentError: in use, or an address this machine does not have)."""
+    (EnvironmentFault: in use, or an address this machine does not have)."""
     if port is None:
         return
     if not 1 <= port <= 65535:
@@ -518,8 +514,8 @@ def check_port(host: str, port: int | None) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the web server does
             probe.bind((host, port))
     except OSError as error:
-        raise DemoEnvironmentError(f"cannot listen on {host}:{port} ({error.strerror or error}): the port is in use "
-                                   f"or the address is not this machine's; choose another --port or --host") from None
+        raise EnvironmentFault(f"cannot listen on {host}:{port} ({error.strerror or error}): the port is in use "
+                               f"or the address is not this machine's; choose another --port or --host") from None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -541,32 +537,23 @@ def _run(args: argparse.Namespace) -> int:
     try:
         blocks.launch(**launch_options(args.host, args.port))
     except OSError as error:
-        raise DemoEnvironmentError(f"cannot start the web server on {args.host}:{args.port}: {error}") from None
+        raise EnvironmentFault(f"cannot start the web server on {args.host}:{args.port}: {error}") from None
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command with `argv` (default: sys.argv[1:]); returns the exit status."""
+    """Run the command with `argv` (default: sys.argv[1:]); returns the exit status (errors.exit_code: 2 for what the
+    user can fix, 1 for what the machine refused)."""
     args = build_parser().parse_args(argv)
     try:
         return _run(args)
-    except (UsageError, ModelLoadError) as error:
+    except KeyboardInterrupt as interrupt:
+        return exit_code(interrupt)
+    except Exception as error:  # noqa: BLE001  (this package's errors and any other: one line, --debug traceback)
         if args.debug:
             raise
-        print(f"{PROGRAM}: error: {error}", file=sys.stderr)
-        return 2
-    except DemoEnvironmentError as error:
-        print(f"{PROGRAM}: error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except Exception as error:  # noqa: BLE001  (anything else: one line, --debug for the traceback)
-        if args.debug:
-            raise
-        message = " ".join(str(error).split())[:500]
-        print(f"{PROGRAM}: error: {type(error).__name__}: {message} (run with --debug for the traceback)",
-              file=sys.stderr)
-        return 1
+        print(f"{PROGRAM}: error: {one_line(error)}", file=sys.stderr)
+        return exit_code(error)
 
 
 if __name__ == "__main__":

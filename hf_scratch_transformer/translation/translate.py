@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 from safetensors import SafetensorError, safe_open
 
+from ..errors import UsageError
 from ..translation_core import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_LEN_A,
@@ -39,8 +40,9 @@ JSON_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_toke
 HUB_TIMEOUT = 10  # seconds for the one request that looks a hub id up
 
 
-class ModelLoadError(RuntimeError):
-    """The model or its tokenizer could not be loaded; the message is one line meant for a user."""
+class ModelLoadError(UsageError, RuntimeError):
+    """The model or its tokenizer could not be loaded (a RuntimeError too); the message is one line meant for a user
+    and names the directory or hub id to fix."""
 
 
 def pick_device(requested: str | None = None) -> torch.device:
