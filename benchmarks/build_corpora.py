@@ -2,9 +2,9 @@
 packages (fully offline but for `apt-get download` and `pip download`; no web, no Hub):
 
 * ``software_en_es``: English -> Spanish software messages (GNU tools, compilers, glibc, apt/dpkg, GTK/GNOME and
-  KDE applications, VLC, Vim, Django, Sphinx), placeholders kept. About 50k pairs.
+  KDE applications, VLC, Vim, Django, Sphinx), placeholders kept. About 60k pairs.
 * ``games_en_ru``: English -> Russian game text (Battle for Wesnoth's campaigns, unit lore and help, the Flare RPG,
-  Freeciv's nation legends, Warzone 2100): dialogue and lore, another script and another domain. About 20k pairs.
+  Freeciv's nation legends, Warzone 2100): dialogue and lore, another script and another domain. About 23k pairs.
 * ``games_en_el_5k``: English -> Greek from the same games, a low-resource size: 5,000 pairs at most.
 
     python benchmarks/build_corpora.py                       # all three into benchmarks/work/corpora/<name>/

@@ -13,7 +13,8 @@ Rules, in order (each dropped pair is counted under its reason):
 3. Both sides are stripped of surrounding whitespace (train.py's reader strips them anyway); inner newlines, tabs,
    markup and keyboard accelerators (``_File``, ``&File``) are kept as the catalogs have them: a mnemonic cannot be
    told reliably from an identifier's underscore (``LC_ALL``) or a literal ampersand.
-4. Dropped: an empty translation (``untranslated``), an English side without a letter (``no_words``: ``%s: %s``),
+4. Dropped: an empty translation (``untranslated``), an English side without a letter outside its placeholders
+   (``no_words``: ``%s: %s``),
    a translation equal to the English (``identical``: an untranslated copy), and a pair whose placeholders differ
    (``placeholder_mismatch``: another multiset of ``%s`` / ``%1$s`` / ``%(name)s`` / ``%1`` / ``{name}`` /
    ``$name`` on the two sides; ``%2$s`` counts as ``%s``, ``%i`` as ``%d``).
@@ -104,7 +105,7 @@ def drop_reason(source: str, target: str) -> str | None:
     """Why a stripped pair is dropped (rule 4), or None to keep it."""
     if not target:
         return "untranslated"
-    if not any(char.isalpha() for char in source):
+    if not any(char.isalpha() for char in PLACEHOLDER_RE.sub("", source)):
         return "no_words"
     if target == source:
         return "identical"
