@@ -135,7 +135,7 @@ def fetch(source: Source, download_dir: Path) -> Path:
     if source.index == "pypi":
         name = source.package.replace("-", "_").lower()
         found = sorted(download_dir.glob(f"{name}-{source.version}-*.whl"), key=lambda p: p.name.lower())
-        command = ["pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
                    "--dest", str(download_dir), f"{source.package}=={source.version}"]
     else:
         found = [path for path in sorted(download_dir.glob(f"{source.package}_*.deb")) if deb_version(path) ==
@@ -356,7 +356,12 @@ def check_corpus(directory: Path) -> list[str]:
     manifest_path = directory / "manifest.json"
     if not manifest_path.is_file():
         return [f"{manifest_path} is missing: build the corpus first (python benchmarks/build_corpora.py)"]
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        if {"source", "target"} - set(manifest["languages"]) or set(SPLITS) - set(manifest["splits"]):
+            raise KeyError("languages or splits")
+    except (ValueError, KeyError, TypeError):
+        return [f"{manifest_path} is not a manifest this script wrote: build the corpus again"]
     problems, keys = [], {}
     for split in SPLITS:
         path = directory / f"{split}.jsonl"
@@ -416,6 +421,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def environment_problem(error: OSError) -> str:
+    """One line for an OSError of a build: a missing tool, or a directory that cannot be written."""
+    if isinstance(error, FileNotFoundError) and error.filename in ("apt-get", "dpkg-deb"):
+        return f"{error.filename} is not installed: building the corpora needs Debian's apt-get and dpkg-deb"
+    return f"cannot write {error.filename or 'a file'}: {error.strerror}; choose another --output_dir / --download_dir"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.check:
@@ -435,10 +447,13 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         try:
             splits, manifest = build_corpus(CORPORA[name], args.download_dir)
+            write_corpus(args.output_dir / name, splits, manifest)
         except CorpusBuildError as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
-        write_corpus(args.output_dir / name, splits, manifest)
+        except OSError as error:
+            print(f"error: {environment_problem(error)}", file=sys.stderr)
+            return 1
         counts = ", ".join(f"{split} {manifest['splits'][split]['pairs']}" for split in SPLITS)
         test = manifest["splits"]["test"]
         print(f"{name}: {counts}; test lines with a placeholder {test['with_placeholder']} "
