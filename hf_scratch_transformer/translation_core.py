@@ -753,6 +753,27 @@ def hard_alignment(model, tokenizer, source_text: str, target_ids, layer: int = 
                    if source_words[s] is not None and target_words[t] is not None})
 
 
+def text_alignment(model, tokenizer, translation: TextTranslation, rank: int = 0, layer: int = -1,
+                   unit: str = "words") -> list[tuple[int, int]]:
+    """`hard_alignment` of a whole text and its `rank`-th hypothesis: each unit's pairs, offset by the words (or
+    tokens) of the units before it. Indices count what the model read and wrote (protected spans, hidden from it,
+    are not counted)."""
+    special = set(getattr(tokenizer, "all_special_ids", [])) | {model.config.pad_token_id} - {None}
+    pairs, source_offset, target_offset = [], 0, 0
+    for segment in translation.segments:
+        hypothesis = segment.hypotheses[min(rank, len(segment.hypotheses) - 1)]
+        if hypothesis.token_ids:
+            pairs += [(s + source_offset, t + target_offset) for s, t in
+                      hard_alignment(model, tokenizer, segment.model_text, hypothesis.token_ids, layer, unit)]
+        if unit == "words":
+            source_offset += len(segment.model_text.split())
+            target_offset += len(decode_ids(tokenizer, hypothesis.token_ids).split())
+        else:
+            source_offset += sum(token not in special for token in tokenizer(segment.model_text)["input_ids"])
+            target_offset += sum(token not in special for token in hypothesis.token_ids)
+    return sorted(pairs)
+
+
 def format_alignment(pairs: list[tuple[int, int]]) -> str:
     """Pairs as fairseq and fast_align print them: `0-0 1-2 2-1` (source-target)."""
     return " ".join(f"{source}-{target}" for source, target in pairs)
@@ -783,6 +804,7 @@ __all__ = [
     "length_bound",
     "new_tokens_cap",
     "source_limit",
+    "text_alignment",
     "translate_batches",
     "word_indices",
 ]
