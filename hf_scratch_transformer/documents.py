@@ -138,42 +138,54 @@ def split_long(text: str, tokenizer, max_tokens: int, keep_whole: list[tuple[int
     offsets = [(start, end) for start, end in encoded["offset_mapping"] if end > start]
     if len(offsets) <= max_tokens:
         return [Unit(text)]
+    limit, max_tokens = max_tokens, max(max_tokens - 2, 1)  # a piece alone may take a token or two more
     starts = [start for start, _ in offsets]
+    ranges = sorted(keep_whole)
+    range_ends = [end for _, end in ranges]
     pieces, begin = [], 0  # begin: the character where the current piece starts
     while True:
         first = bisect.bisect_left(starts, begin)
         if len(offsets) - first <= max_tokens:
             pieces.append(Unit(text[begin:]))
-            return _fit(pieces, tokenizer, max_tokens)
+            return _fit(pieces, tokenizer, limit)
         window_end = offsets[first + max_tokens - 1][1]  # the last character that fits
-        cut = _cut_point(text, begin, window_end, offsets[first + max_tokens][0], keep_whole)
+        nearby = []  # the protected ranges that touch the window
+        for start, end in ranges[bisect.bisect_right(range_ends, begin):]:
+            if start >= window_end:
+                break
+            nearby.append((start, end))
+        cut = _cut_point(text, begin, window_end, offsets[first + max_tokens][0], nearby)
         piece = text[begin:cut].rstrip()
-        after = cut + len(text[cut:]) - len(text[cut:].lstrip())  # the white space after the cut goes too
+        after = _SPACE.match(text, cut)
+        after = after.end() if after else cut  # the white space after the cut goes too
         pieces.append(Unit(piece, text[begin + len(piece) : after]))
         begin = after
 
 
 def _cut_point(text: str, begin: int, window_end: int, next_token: int, keep_whole) -> int:
     """Where to end a piece that starts at `begin` and may reach `window_end`: after the last clause boundary in
-    the window's second half, else at its last white space, else at the token boundary `next_token`; moved
-    before a protected range it would fall into."""
+    the window's second half, else at its last white space, else right after a protected range, else at the token
+    boundary `next_token`; never inside a protected range unless the range alone is longer than the window."""
+    def allowed(cut: int) -> bool:
+        return cut > begin and not any(start < cut < end for start, end in keep_whole)
+
     window = text[begin:window_end]
-    middle = len(window) // 2
-    candidates = [m.end() for m in _CLAUSE_END.finditer(window) if m.end() > middle]
-    if not candidates:
-        candidates = [m.start() for m in _SPACE.finditer(window) if m.start() > 0]
-    cut = begin + candidates[-1] if candidates else min(next_token, window_end)
-    for start, end in keep_whole:
-        if start < cut < end and start > begin:
-            cut = start
-    return cut if cut > begin else min(next_token, window_end)
+    clauses = [begin + m.end() for m in _CLAUSE_END.finditer(window) if m.end() > len(window) // 2]
+    spaces = [begin + m.start() for m in _SPACE.finditer(window)]
+    range_ends = [end for _, end in keep_whole if begin < end <= window_end]
+    for candidates in (clauses, spaces, range_ends, [min(next_token, window_end)]):
+        found = [cut for cut in candidates if allowed(cut)]
+        if found:
+            return max(found)
+    return min(next_token, window_end)
 
 
 def _fit(pieces: list[Unit], tokenizer, max_tokens: int) -> list[Unit]:
-    """Re-tokenized alone, a piece may come out a token or two longer than in context: cut such a piece again."""
+    """Re-tokenized alone, a piece may still come out longer than in context: cut such a piece again."""
+    lengths = [len(ids) for ids in tokenizer([piece.text for piece in pieces], add_special_tokens=False)["input_ids"]]
     fitted = []
-    for piece in pieces:
-        if len(tokenizer(piece.text, add_special_tokens=False)["input_ids"]) <= max_tokens or max_tokens < 4:
+    for piece, length in zip(pieces, lengths):
+        if length <= max_tokens or max_tokens < 4:
             fitted.append(piece)
             continue
         again = split_long(piece.text, tokenizer, max_tokens - 2)

@@ -45,7 +45,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from .documents import model_text, source_language, split_document, split_long
+from .documents import Unit, model_text, source_language, split_document, split_long
 from .glossary import Glossary
 from .glossary import report as glossary_report
 from .protected_spans import DEFAULT_KINDS, ProtectedText, SpanProtector, hide, restore, sentinel, tokenizer_has_sentinels
@@ -535,19 +535,22 @@ def translate_texts(backend, tokenizer, texts: list[str], options: DecodingOptio
 def _plan(texts, tokenizer, text_options: TextOptions, protector, sentinels: bool, limit: int):
     """(layout per text, units): texts cut into sentences, over-long ones into pieces, spans hidden."""
     language = text_options.source_lang or source_language(tokenizer)
-    layouts, units, too_long = [], [], []
-    for index, text in enumerate(texts):
-        layout = split_document(text, language, text_options.segment)
+    layouts = [split_document(text, language, text_options.segment) for text in texts]
+    sentences = [model_text(unit.text) for layout in layouts for unit in layout.units]
+    lengths = iter([len(ids) for ids in tokenizer(sentences, add_special_tokens=False)["input_ids"]] if sentences
+                   else [])
+    units, too_long = [], []
+    for index, layout in enumerate(layouts):
         pieces = []
         for unit in layout.units:
-            spans = protector.find(model_text(unit.text)) if protector else []
-            split = split_long(model_text(unit.text), tokenizer, limit, [(s.start, s.end) for s in spans])
+            sentence = model_text(unit.text)
+            split = [Unit(sentence)] if next(lengths) <= limit else split_long(
+                sentence, tokenizer, limit, [(s.start, s.end) for s in protector.find(sentence)] if protector else [])
             if len(split) > 1:
                 too_long.append((index, len(split)))
             split[-1].separator += unit.separator
             pieces += split
         layout.units = pieces
-        layouts.append(layout)
         units += [_protect(index, piece.text, protector, text_options.glossary, sentinels) for piece in pieces]
     if too_long:
         logger.warning(f"{len(too_long)} sentence(s) longer than the model's limit of {limit} tokens were split into "
