@@ -132,13 +132,15 @@ class SpanProtector:
         self.patterns += [("user", compile_user_pattern(p) if isinstance(p, str) else p) for p in patterns]
 
     def find(self, text: str, extra: list[Span] = ()) -> list[Span]:
-        """The spans of `text`, in order, none overlapping. On overlap the user's patterns win, then `extra`
-        (glossary terms), then the default kinds in DEFAULT_PATTERNS' order; within one, the earlier and longer."""
+        """The spans of `text`, in order, none overlapping. On overlap the user's patterns win, then the default
+        kinds in DEFAULT_PATTERNS' order, then `extra` (glossary terms: never inside a URL or a tag); within one,
+        the earlier and longer."""
         levels = [[Span("user", m.group(0), m.start(), m.end(), m.group(0))
                    for kind, pattern in self.patterns if kind == "user"
-                   for m in pattern.finditer(text) if m.end() > m.start()], list(extra)]
+                   for m in pattern.finditer(text) if m.end() > m.start()]]
         levels += [[Span(kind, m.group(0), m.start(), m.end(), m.group(0)) for m in pattern.finditer(text)]
                    for kind, pattern in self.patterns if kind != "user"]
+        levels.append(list(extra))
         taken: list[Span] = []
         for level in levels:
             for span in sorted(level, key=lambda span: (span.start, span.start - span.end)):
