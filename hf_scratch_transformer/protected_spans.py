@@ -232,9 +232,12 @@ class _Draft:
         self.words = translation.split()
         self.spans = spans
         self.gaps: dict[int, list[int]] = {}
+        self.keys: dict[int, tuple] = {}  # an order of its own within its gap (the members of a group)
 
-    def insert(self, gap: int, index: int) -> None:
+    def insert(self, gap: int, index: int, key: tuple | None = None) -> None:
         self.gaps.setdefault(min(max(gap, 0), len(self.words)), []).append(index)
+        if key is not None:
+            self.keys[index] = key
 
     def remove(self, indices: set[int]) -> None:
         """Take the marks of `indices` out, from the gaps and from inside words."""
@@ -244,10 +247,10 @@ class _Draft:
     def tokens(self, source_order: bool = False) -> list[str]:
         """Words and marks in order. Marks sharing a gap: closing tags first (a tag closed there, another opened),
         then the others, each group in source order; with `source_order`, all in source order."""
-        def rank(index: int) -> tuple[int, int]:
+        def rank(index: int) -> tuple:
             pair = self.spans[index].pair
             closing = pair is not None and pair < index
-            return (0 if closing or source_order else 1, index)
+            return self.keys.get(index) or (0 if closing or source_order else 1, index, 0)
 
         out = []
         for gap in range(len(self.words) + 1):
@@ -309,6 +312,15 @@ def _place_stripped(protected: ProtectedText, draft: _Draft, links: Links) -> li
         if outcomes[index]:
             continue
         pair = span.pair
+        if pair is not None and pair > index and protected.anchors[pair] == protected.anchors[index]:
+            # a pair around nothing the model read (`<b>%d</b>`): the group goes in one piece, in source order
+            outcome = _insert(draft, protected, index, links, key=(1, index, 0))
+            gap = next(gap for gap, marks in draft.gaps.items() if index in marks)
+            for member in range(index + 1, pair + 1):
+                draft.insert(gap, member, key=(1, index, member - index))
+                outcomes[member] = outcome
+            outcomes[index] = outcome
+            continue
         if pair is not None and pair > index:
             content = _aligned_words(links, protected.anchors[index], protected.anchors[pair])
             if content:
@@ -367,7 +379,7 @@ def _aligned_words(links: Links, start: int, end: int) -> list[int]:
     return words or ([max(inside, key=lambda word: (inside[word], -word))] if inside else [])
 
 
-def _insert(draft: _Draft, protected: ProtectedText, index: int, links: Links) -> str:
+def _insert(draft: _Draft, protected: ProtectedText, index: int, links: Links, key: tuple | None = None) -> str:
     """Put span `index` after the word aligned with the nearest source token before its place, or before the
     word aligned with the nearest token after it, whichever token is nearer; else at its relative position."""
     anchor, end = protected.anchors[index], protected.ends[index]
@@ -375,9 +387,9 @@ def _insert(draft: _Draft, protected: ProtectedText, index: int, links: Links) -
                      for s, e, word in links if e <= anchor or s >= end)
     if nearest:
         _, after_span, word = nearest[0]
-        draft.insert(word if after_span else word + 1, index)
+        draft.insert(word if after_span else word + 1, index, key)
         return "aligned"
-    draft.insert(_relative_gap(protected, index, len(draft.words)), index)
+    draft.insert(_relative_gap(protected, index, len(draft.words)), index, key)
     return "position"
 
 

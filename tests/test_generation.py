@@ -3,6 +3,7 @@ import logging
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -245,3 +246,50 @@ def test_remote_code_in_a_process_without_the_package(saved_dir, trained, tiny_t
     }
     # another process may order its sums differently (it failed bit-equality once, on a loaded machine)
     torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected_logits, rtol=0, atol=1e-5)
+
+
+def test_the_pipeline_reads_documents_protects_spans_and_honours_a_glossary(trained_model):
+    from hf_scratch_transformer.translation.translate import translate
+
+    model, tokenizer, _ = trained_model
+    pipe = translation_pipeline(model, tokenizer)
+    document = "Jesus wept.  God is love.\n\nThe Lord is my shepherd."
+    assert pipe(document) == [{"translation_text": translate(model, tokenizer, [document])[0]}]
+    assert pipe(document)[0]["translation_text"].count("\n\n") == 1
+    [result] = pipe("Jesus wept <b>%d</b> times.", protect=True, glossary={"Jesus": "Cristo"}, return_details=True)
+    assert set(result) == {"translation_text", "confidence", "spans", "glossary"} and result["confidence"] < 0
+    assert result["translation_text"].count("<b>%d</b>") == 1 and "Cristo" in result["translation_text"], result
+    assert [entry["honoured"] for entry in result["glossary"]] == [True]
+    assert [entry["text"] for entry in result["spans"]] == ["<b>", "%d", "</b>"]
+    [[best, second]] = pipe(["God is love."], num_beams=3, num_return_sequences=2, segment=False)
+    assert best["score"] >= second["score"]
+
+
+def test_a_directory_with_the_model_directory_files_translates_documents_as_remote_code(saved_dir, tmp_path):
+    """MODEL_DIRECTORY_FILES is all the pipeline needs beside the model's code: copied into a saved directory,
+    `pipeline(..., trust_remote_code=True)` translates a document with a glossary in a process without the
+    package. (Whatever writes model directories copies this list.)"""
+    import shutil
+
+    import hf_scratch_transformer
+    from hf_scratch_transformer.pipeline_translation import MODEL_DIRECTORY_FILES
+
+    directory = tmp_path / "model"
+    shutil.copytree(saved_dir, directory)
+    package = Path(hf_scratch_transformer.__file__).parent
+    for name in MODEL_DIRECTORY_FILES:
+        shutil.copyfile(package / name, directory / name)
+    script = textwrap.dedent(f"""
+        import sys, json
+        from transformers import pipeline
+        translator = pipeline("translation", model={str(directory)!r}, trust_remote_code=True)
+        [result] = translator("Jesus wept.  God is love. %s", glossary={{"God": "Dios"}}, protect=True,
+                              return_details=True)
+        print(json.dumps({{"text": result["translation_text"], "glossary": result["glossary"],
+                          "package_imported": "hf_scratch_transformer" in sys.modules}}))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["package_imported"] is False and report["text"].count("%s") == 1
+    assert [entry["honoured"] for entry in report["glossary"]] == [True]
