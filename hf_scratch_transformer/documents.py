@@ -134,7 +134,7 @@ def split_long(text: str, tokenizer, max_tokens: int, keep_whole: list[tuple[int
     """`text` in pieces of at most `max_tokens` tokens each (special tokens not counted), cut at clause
     boundaries, else between words, else between tokens; never inside a `keep_whole` character range. One piece
     when it fits. The pieces and their separators join back into `text`."""
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
     offsets = [(start, end) for start, end in encoded["offset_mapping"] if end > start]
     if len(offsets) <= max_tokens:
         return [Unit(text)]
@@ -182,7 +182,8 @@ def _cut_point(text: str, begin: int, window_end: int, next_token: int, keep_who
 
 def _fit(pieces: list[Unit], tokenizer, max_tokens: int) -> list[Unit]:
     """Re-tokenized alone, a piece may still come out longer than in context: cut such a piece again."""
-    lengths = [len(ids) for ids in tokenizer([piece.text for piece in pieces], add_special_tokens=False)["input_ids"]]
+    texts = [piece.text for piece in pieces]
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]]
     fitted = []
     for piece, length in zip(pieces, lengths):
         if length <= max_tokens or max_tokens < 4:

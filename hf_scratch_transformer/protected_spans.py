@@ -345,7 +345,8 @@ def _place_term(draft: _Draft, protected: ProtectedText, index: int, links: Link
     if occurrences(target, " ".join(draft.words)) > credited.get(target, 0):
         credited[target] = credited.get(target, 0) + 1
         return "model"  # no mark: the model wrote the term itself
-    aligned = _aligned_words(links, protected.anchors[index], protected.ends[index])
+    aligned = [word for word in _aligned_words(links, protected.anchors[index], protected.ends[index])
+               if "\0" not in draft.words[word]]  # a word another term replaced stays that term's
     if not aligned:
         return _insert(draft, protected, index, links)
     run = _longest_run(aligned)[: len(span.replacement.split()) + 1]  # alignment noise must not eat a sentence

@@ -537,8 +537,8 @@ def _plan(texts, tokenizer, text_options: TextOptions, protector, sentinels: boo
     language = text_options.source_lang or source_language(tokenizer)
     layouts = [split_document(text, language, text_options.segment) for text in texts]
     sentences = [model_text(unit.text) for layout in layouts for unit in layout.units]
-    lengths = iter([len(ids) for ids in tokenizer(sentences, add_special_tokens=False)["input_ids"]] if sentences
-                   else [])
+    lengths = iter([len(ids) for ids in tokenizer(sentences, add_special_tokens=False, verbose=False)["input_ids"]]
+                   if sentences else [])
     units, too_long = [], []
     for index, layout in enumerate(layouts):
         pieces = []
@@ -585,7 +585,7 @@ def _alignment_links(backend, tokenizer, units: list[_Unit], found, batch_size: 
               if hypothesis.token_ids and _needs_alignment(units[number], hypothesis)]
     if not wanted or not hasattr(backend, "cross_attention"):
         return {}
-    encoded = {number: tokenizer(units[number].protected.model_text, return_offsets_mapping=True)
+    encoded = {number: tokenizer(units[number].protected.model_text, return_offsets_mapping=True, verbose=False)
                for number in {number for number, _ in wanted}}
     special = set(getattr(tokenizer, "all_special_ids", []))
     links: dict = {}
