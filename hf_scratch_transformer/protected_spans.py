@@ -349,7 +349,7 @@ def _place_term(draft: _Draft, protected: ProtectedText, index: int, links: Link
                if "\0" not in draft.words[word]]  # a word another term replaced stays that term's
     if not aligned:
         return _insert(draft, protected, index, links)
-    run = _longest_run(aligned)[: len(span.replacement.split()) + 1]  # alignment noise must not eat a sentence
+    run = _longest_run(aligned)[: len(span.replacement.split())]  # alignment noise must not eat a sentence
     first, last = run[0], run[-1]
     prefix = re.match(r"\W*", draft.words[first]).group(0)
     suffix = re.search(r"\W*$", draft.words[last]).group(0)
