@@ -175,9 +175,9 @@ def test_any_unicode_string_goes_through_tokenizer_and_model(finished_model, tex
     ids = tokenizer(text)["input_ids"]
     assert tokenizer.decode(ids, skip_special_tokens=True) == unicodedata.normalize("NFC", text)
     [translation] = translate(model, tokenizer, [text], max_new_tokens=3)
-    assert isinstance(translation, str) and "\n" not in translation
+    assert isinstance(translation, str) and translation.count("\n") <= text.count("\n")  # only the text's own
     if not text.strip():
-        assert translation == ""
+        assert translation == text  # white space alone comes back as it is
 
 
 # ------------------------------------------------------------------------------------ inputs and options, checked

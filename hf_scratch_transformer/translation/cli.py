@@ -317,7 +317,7 @@ def _load_ct2(args: argparse.Namespace):
 def _block(line_number: int, translation, args: argparse.Namespace, model, tokenizer) -> list[str]:
     """The output lines of one input: its translation, or with --nbest / --print_alignment its H (and A) lines."""
     if not _block_output(args):
-        return [translation.text]
+        return [_one_line(translation.text)]
     if not translation.hypotheses:  # a blank input line: one empty hypothesis keeps the line visible
         return [f"H-{line_number}\t\t"] + ([f"A-{line_number}\t"] if args.print_alignment else [])
     from ..translation_core import format_alignment, text_alignment
@@ -325,12 +325,18 @@ def _block(line_number: int, translation, args: argparse.Namespace, model, token
     lines = []
     for rank, hypothesis in enumerate(translation.hypotheses):
         score = "" if hypothesis.score is None else f"{hypothesis.score:.4f}"
-        lines.append(f"H-{line_number}\t{score}\t{hypothesis.text}")
+        lines.append(f"H-{line_number}\t{score}\t{_one_line(hypothesis.text)}")
         if args.print_alignment:
             layer = -1 if args.alignment_layer is None else args.alignment_layer - 1
             pairs = text_alignment(model, tokenizer, translation, rank, layer, args.alignment_unit)
             lines.append(f"A-{line_number}\t{format_alignment(pairs)}")
     return lines
+
+
+def _one_line(text: str) -> str:
+    """A translation as one output line: a line break kept from the input's white space (a lone \\r between two
+    sentences) printed as a space, as in the model's own output."""
+    return text.replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
 
 
 def _first_unit(translation) -> tuple[str, list[int]] | None:
