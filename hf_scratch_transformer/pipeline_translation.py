@@ -2,9 +2,10 @@
 translation core (translation_core.py), so it gives what the command line and `translate()` give.
 
 A directory saved by the pipeline (`translation_pipeline(model, tokenizer).save_pretrained(dir)`, which is how train.py
-saves its models) carries the model, its tokenizer, this file and the files it imports (translation_core.py,
-errors.py), and the model's config has a `custom_pipelines` entry, so `pipeline("translation", model=dir,
-trust_remote_code=True)` works in any process. With the package imported,
+saves its models) carries the model, its tokenizer, this file and the files it imports (translation_core.py and,
+through it, errors.py, documents.py, protected_spans.py, glossary.py), and the model's config has a
+`custom_pipelines` entry, so `pipeline("translation", model=dir, trust_remote_code=True)` works in any process.
+With the package imported,
 `hf_scratch_transformer.translation_pipeline(model_or_dir)` also accepts a model object.
 This file imports only transformers and its siblings: they are copied into saved directories for
 `trust_remote_code=True`.
@@ -16,10 +17,11 @@ import os
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Pipeline, pipeline
 from transformers.dynamic_module_utils import custom_object_save
 
-from .translation_core import DecodingOptions, TorchBackend, check_tokenizer_fits, translate_batches
+from .translation_core import DecodingOptions, TextOptions, TorchBackend, check_tokenizer_fits, translate_texts
 
 # call-time keyword arguments that are options of the core; any other goes to generate()
-CORE_OPTIONS = ("num_beams", "num_return_sequences", "max_new_tokens", "max_len_a", "max_len_b", "truncation")
+CORE_OPTIONS = ("num_beams", "num_return_sequences", "max_new_tokens", "max_len_a", "max_len_b")
+TEXT_OPTIONS = ("segment", "source_lang", "protect", "protect_kinds", "protect_patterns", "glossary")
 
 
 class TranslationPipeline(Pipeline):
@@ -27,9 +29,12 @@ class TranslationPipeline(Pipeline):
 
     Keyword arguments (at creation or call): `num_beams`, `max_new_tokens`, `max_len_a` / `max_len_b` (the length
     bound of the core, default 1.5 and 10), `num_return_sequences=N` (then each text gives a list of N
-    {"translation_text", "score"}, best first), `truncation=False` (refuse over-long texts instead of cutting them);
-    any other goes to `generate()` (`length_penalty=1.2`, ...). `batch_size` (default 32) is the core's: a list is
-    sorted by length and translated in batches, results in input order; an empty text gives an empty translation.
+    {"translation_text", "score"}, best first); how texts are read (translation_core.TextOptions): `segment`,
+    `source_lang`, `protect`, `protect_kinds`, `protect_patterns`, `glossary` (a Glossary, a dict or (source,
+    target) pairs); `return_details=True` adds "confidence", "spans" and "glossary" to each result. Any other
+    keyword goes to `generate()` (`length_penalty=1.2`, ...). `batch_size` (default 32) is the core's: the
+    sentences of all texts are sorted by length and translated in batches, results in input order; a text of
+    white space only comes back as it is.
     """
 
     _load_tokenizer = True
@@ -72,12 +77,20 @@ class TranslationPipeline(Pipeline):
 
     def _translate(self, texts, **options) -> list[list[dict]]:
         core = {name: options.pop(name) for name in (*CORE_OPTIONS, "batch_size") if name in options}
+        reading = TextOptions(**{name: options.pop(name) for name in TEXT_OPTIONS if name in options})
+        details = bool(options.pop("return_details", False))
         n_best = "num_return_sequences" in core
-        decoding = DecodingOptions(with_scores=n_best, **core)
-        found = translate_batches(TorchBackend(self.model, **options), self.tokenizer, texts, decoding)
-        if not n_best:
-            return [[{"translation_text": hypotheses[0].text if hypotheses else ""}] for hypotheses in found]
-        return [[{"translation_text": h.text, "score": h.score} for h in hypotheses] for hypotheses in found]
+        decoding = DecodingOptions(with_scores=n_best or details, **core)
+        found = translate_texts(TorchBackend(self.model, **options), self.tokenizer, texts, decoding, reading)
+        results = []
+        for translation in found:
+            extra = ({"confidence": translation.confidence, "spans": translation.spans,
+                      "glossary": translation.glossary} if details else {})
+            if not n_best:
+                results.append([{"translation_text": translation.text, **extra}])
+            else:
+                results.append([{"translation_text": h.text, "score": h.score, **extra} for h in translation.hypotheses])
+        return results
 
     def preprocess(self, text):
         return {"text": text}

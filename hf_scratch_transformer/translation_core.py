@@ -33,6 +33,7 @@ beside pipeline_translation.py, which uses them under `trust_remote_code=True`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import numbers
@@ -45,6 +46,10 @@ from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from .errors import UsageError
+from .documents import Unit, model_text, source_language, split_document, split_long
+from .glossary import Glossary
+from .glossary import report as glossary_report
+from .protected_spans import DEFAULT_KINDS, ProtectedText, SpanProtector, hide, restore, sentinel, tokenizer_has_sentinels
 
 logger = logging.getLogger("hf_scratch_transformer")
 
@@ -176,12 +181,14 @@ def check_tokenizer_fits(tokenizer, vocab_size: int | None, exact: bool = False)
 # --------------------------------------------------------------------------------------------------------------
 @dataclass
 class Hypothesis:
-    """One translation of a text: its text (one line), its score (None unless asked for), its token ids (without
-    the decoder start token; ending with `</s>` unless cut by the length bound)."""
+    """One translation of a text: its text, its score (None unless asked for), its token ids (without the decoder
+    start token; ending with `</s>` unless cut by the length bound) and its confidence (with the score): the mean
+    log-probability of its tokens, `</s>` included (see `confidence`)."""
 
     text: str
     score: float | None
     token_ids: list[int]
+    confidence: float | None = None
 
 
 def translate_batches(backend, tokenizer, texts: list[str], options: DecodingOptions | None = None, *,
@@ -334,17 +341,29 @@ class TorchBackend:
         self.vocab_size = getattr(model.config, "vocab_size", None)
         self.generate_kwargs = generate_kwargs
 
+    @property
+    def length_penalty(self) -> float:
+        """The exponent scores are normalised with: the generate() keyword's, else the generation_config's, else 1."""
+        penalty = self.generate_kwargs.get("length_penalty", getattr(self.generation_config, "length_penalty", None))
+        return 1.0 if penalty is None else penalty
+
+    def _padded(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, attention mask), each (B, longest), right-padded, on the model's device."""
+        config = self.generation_config
+        pad = config.pad_token_id if config.pad_token_id is not None else self.model.config.pad_token_id
+        device = next(self.model.parameters()).device
+        ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(row) for row in sequences], batch_first=True,
+                                              padding_value=pad if pad is not None else 0).to(device)
+        mask = torch.nn.utils.rnn.pad_sequence([torch.ones(len(row), dtype=torch.long) for row in sequences],
+                                               batch_first=True).to(device)
+        return ids, mask
+
     @torch.no_grad()
     def generate(self, source_ids: list[list[int]], bounds: list[int], num_beams: int, num_return_sequences: int,
                  with_scores: bool) -> list[list[tuple[list[int], float | None]]]:
         """Per source, `num_return_sequences` (token ids, score) pairs, best first; score None without scores."""
         config = self.generation_config
-        pad = config.pad_token_id if config.pad_token_id is not None else self.model.config.pad_token_id
-        device = next(self.model.parameters()).device
-        input_ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids) for ids in source_ids], batch_first=True,
-                                                    padding_value=pad if pad is not None else 0).to(device)
-        attention_mask = torch.nn.utils.rnn.pad_sequence([torch.ones(len(ids), dtype=torch.long) for ids in source_ids],
-                                                         batch_first=True).to(device)
+        input_ids, attention_mask = self._padded(source_ids)
         output = self.model.generate(
             input_ids=input_ids, attention_mask=attention_mask,
             stopping_criteria=StoppingCriteriaList([SourceLengthBound(bounds)]),
@@ -367,9 +386,297 @@ class TorchBackend:
         if num_beams > 1:
             return output.sequences_scores.tolist()
         log_probs = self.model.compute_transition_scores(output.sequences, output.scores, normalize_logits=True)
-        penalty = getattr(self.generation_config, "length_penalty", None)
-        penalty = 1.0 if penalty is None else penalty
-        return [float(row[: len(ids)].sum()) / max(len(ids), 1) ** penalty for row, ids in zip(log_probs, sequences)]
+        return [float(row[: len(ids)].sum()) / max(len(ids), 1) ** self.length_penalty
+                for row, ids in zip(log_probs, sequences)]
+
+    @torch.no_grad()
+    def cross_attention(self, source_ids: list[list[int]], target_ids: list[list[int]]) -> list[torch.Tensor]:
+        """Per (source, translation) pair, the last decoder layer's cross-attention averaged over its heads, (T, S):
+        row t is what the step that produced target token t attended to (one teacher-forced pass per batch)."""
+        input_ids, attention_mask = self._padded(source_ids)
+        start = decoder_start_token(self.model)
+        decoder_input_ids, _ = self._padded([[start] + list(target[:-1]) for target in target_ids])
+        with eager_attention(self.model):
+            output = self.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                                output_attentions=True, use_cache=False, return_dict=True)
+        weights = output.cross_attentions[-1].float().mean(dim=1).cpu()  # (B, H, T, S) -> (B, T, S)
+        return [weights[row, : len(target), : len(source)] for row, (source, target)
+                in enumerate(zip(source_ids, target_ids))]
+
+
+@contextlib.contextmanager
+def eager_attention(model):
+    """The model in eval mode with the eager attention kernel (the fused ones return no weights), restored after."""
+    was_training, attention_kernel = model.training, model.config._attn_implementation
+    model.eval()
+    model.set_attn_implementation("eager")
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+        model.set_attn_implementation(attention_kernel)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Texts: documents, protected spans, glossaries, confidence
+# --------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TextOptions:
+    """How texts are read before decoding and put together after it (translate_texts).
+
+    segment: split each text into sentences (documents.py; False: each text is one unit, still split when longer
+    than the model's limit). source_lang: the segmenter's language (None: the tokenizer's saved source language,
+    else English rules). protect: None (the default) protects the default kinds of span when the model's tokenizer
+    has the sentinel tokens (a model trained with masked spans) and not otherwise; True / False: on / off.
+    protect_kinds: which kinds (protected_spans.DEFAULT_KINDS); protect_patterns: the user's regular expressions,
+    protected whenever given. glossary: a glossary.Glossary, honoured whenever given.
+    """
+
+    segment: bool = True
+    source_lang: str | None = None
+    protect: bool | None = None
+    protect_kinds: tuple = DEFAULT_KINDS
+    protect_patterns: tuple = ()
+    glossary: Glossary | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "protect_kinds", tuple(self.protect_kinds))
+        object.__setattr__(self, "protect_patterns", tuple(self.protect_patterns))
+        if self.glossary is not None and not isinstance(self.glossary, Glossary):
+            object.__setattr__(self, "glossary", Glossary.from_pairs(self.glossary))
+        SpanProtector(self.protect_kinds, self.protect_patterns)  # unknown kinds and bad patterns refused now
+
+    def protector(self, sentinels: bool) -> SpanProtector | None:
+        """What finds the spans, for a model with (or without) sentinel tokens; None when nothing is protected."""
+        kinds = self.protect_kinds if (sentinels if self.protect is None else self.protect) else ()
+        if not kinds and not self.protect_patterns and not self.glossary:
+            return None
+        return SpanProtector(kinds, self.protect_patterns)
+
+
+@dataclass
+class SegmentTranslation:
+    """One unit of a text (a sentence, or a piece of an over-long one): `source` as in the text, `model_text`
+    what the model read (spans hidden), `hypotheses` best first (spans restored), `spans` how each protected span
+    of the best came back ({"kind", "text", "how"}), `glossary` the glossary report of the best
+    (glossary.report)."""
+
+    source: str
+    model_text: str
+    hypotheses: list[Hypothesis]
+    spans: list[dict]
+    glossary: list[dict]
+
+
+@dataclass
+class TextTranslation:
+    """One input text translated: `text` (its best translation, in the text's own white space and paragraphs),
+    `confidence` (the mean log-probability per token over all its units; None without scores or units),
+    `hypotheses` (n-best of the whole text: the k-th joins every unit's k-th), `segments` (the units)."""
+
+    source: str
+    text: str
+    confidence: float | None
+    hypotheses: list[Hypothesis]
+    segments: list[SegmentTranslation]
+
+    @property
+    def spans(self) -> list[dict]:
+        return [entry for segment in self.segments for entry in segment.spans]
+
+    @property
+    def glossary(self) -> list[dict]:
+        return [entry for segment in self.segments for entry in segment.glossary]
+
+
+def confidence(score: float | None, length: int, length_penalty: float) -> float | None:
+    """The mean log-probability per token of a hypothesis of `length` tokens whose score is
+    `sum of log-probabilities / length ** length_penalty`: `score * length ** (length_penalty - 1)`."""
+    if score is None or length < 1:
+        return None
+    return score * length ** (length_penalty - 1)
+
+
+@dataclass
+class _Unit:
+    """A unit to translate: which text it belongs to, its source, its protected form, terms it could not keep."""
+
+    text_index: int
+    source: str
+    protected: ProtectedText
+    lost_terms: list
+
+
+def translate_texts(backend, tokenizer, texts: list[str], options: DecodingOptions | None = None,
+                    text_options: TextOptions | None = None, *, progress: bool = False,
+                    description: str = "translating",
+                    on_batch: Callable[[int, float], None] | None = None) -> list[TextTranslation]:
+    """Translate `texts` (documents of any length) with `backend`: every text cut into units (sentences, pieces
+    of over-long ones), their spans hidden, all units translated as one sorted batch (`translate_batches`), the
+    spans restored, and each text put back together in its own white space. One TextTranslation per text, in
+    input order. Every path of the package (command line, translate(), pipeline, demo) goes through here."""
+    options = options or DecodingOptions()
+    text_options = text_options or TextOptions()
+    check_texts(texts)
+    sentinels = tokenizer_has_sentinels(tokenizer)
+    protector = text_options.protector(sentinels)
+    limit = source_limit(backend.max_positions, tokenizer) - 1  # room for </s>
+    layouts, units = _plan(texts, tokenizer, text_options, protector, sentinels, limit)
+    found = translate_batches(backend, tokenizer, [unit.protected.model_text for unit in units], options,
+                              progress=progress, description=description, on_batch=on_batch)
+    links = _alignment_links(backend, tokenizer, units, found, options.batch_size)
+    penalty = _length_penalty(backend)
+    segments = [_segment(unit, hypotheses, links.get(number, {}), penalty)
+                for number, (unit, hypotheses) in enumerate(zip(units, found))]
+    per_text: list[list[SegmentTranslation]] = [[] for _ in texts]
+    for unit, segment in zip(units, segments):
+        per_text[unit.text_index].append(segment)
+    return [_assemble(text, layout, parts, penalty) for text, layout, parts in zip(texts, layouts, per_text)]
+
+
+def _plan(texts, tokenizer, text_options: TextOptions, protector, sentinels: bool, limit: int):
+    """(layout per text, units): texts cut into sentences, over-long ones into pieces, spans hidden."""
+    language = text_options.source_lang or source_language(tokenizer)
+    layouts = [split_document(text, language, text_options.segment) for text in texts]
+    sentences = [model_text(unit.text) for layout in layouts for unit in layout.units]
+    lengths = iter([len(ids) for ids in tokenizer(sentences, add_special_tokens=False, verbose=False)["input_ids"]]
+                   if sentences else [])
+    units, too_long = [], []
+    for index, layout in enumerate(layouts):
+        pieces = []
+        for unit in layout.units:
+            sentence = model_text(unit.text)
+            split = [Unit(sentence)] if next(lengths) <= limit else split_long(
+                sentence, tokenizer, limit, [(s.start, s.end) for s in protector.find(sentence)] if protector else [])
+            if len(split) > 1:
+                too_long.append((index, len(split)))
+            split[-1].separator += unit.separator
+            pieces += split
+        layout.units = pieces
+        units += [_protect(index, piece.text, protector, text_options.glossary, sentinels) for piece in pieces]
+    if too_long:
+        logger.warning(f"{len(too_long)} sentence(s) longer than the model's limit of {limit} tokens were split into "
+                       f"{sum(count for _, count in too_long)} pieces at clauses or between words, and translated "
+                       f"piece by piece (first: text {too_long[0][0] + 1})")
+    return layouts, units
+
+
+def _protect(index: int, text: str, protector, glossary, sentinels: bool) -> _Unit:
+    if protector is None:
+        return _Unit(index, text, ProtectedText(text, text, [], sentinels), [])
+    terms = glossary.find(text) if glossary else []
+    spans = protector.find(text, terms)
+    kept = {id(span) for span in spans}
+    return _Unit(index, text, hide(text, spans, sentinels), [term for term in terms if id(term) not in kept])
+
+
+def _needs_alignment(unit: _Unit, hypothesis: Hypothesis) -> bool:
+    """Stripped spans and kept terms are placed by the alignment; sentinels only when the model dropped one."""
+    protected = unit.protected
+    if not protected.spans:
+        return False
+    if not protected.sentinels:
+        return True
+    return any(sentinel(index) not in hypothesis.text for index in range(len(protected.spans)))
+
+
+def _alignment_links(backend, tokenizer, units: list[_Unit], found, batch_size: int) -> dict:
+    """{unit number: {hypothesis rank: links}} for the hypotheses whose spans are placed by the alignment; empty
+    when the backend gives no attention (spans then go to their relative positions)."""
+    wanted = [(number, rank) for number, hypotheses in enumerate(found) for rank, hypothesis in enumerate(hypotheses)
+              if hypothesis.token_ids and _needs_alignment(units[number], hypothesis)]
+    if not wanted or not hasattr(backend, "cross_attention"):
+        return {}
+    encoded = {number: tokenizer(units[number].protected.model_text, return_offsets_mapping=True, verbose=False)
+               for number in {number for number, _ in wanted}}
+    special = set(getattr(tokenizer, "all_special_ids", []))
+    links: dict = {}
+    for begin in range(0, len(wanted), batch_size):
+        batch = wanted[begin : begin + batch_size]
+        weights = backend.cross_attention([encoded[number]["input_ids"] for number, _ in batch],
+                                          [found[number][rank].token_ids for number, rank in batch])
+        for (number, rank), attention in zip(batch, weights):
+            links.setdefault(number, {})[rank] = _links(tokenizer, units[number].protected.model_text,
+                                                        encoded[number], found[number][rank].token_ids,
+                                                        attention, special)
+    return links
+
+
+def _links(tokenizer, text: str, encoded, target_ids: list[int], attention: torch.Tensor, special: set) -> list:
+    """(source token's characters in `text`, white space left out; translation word) for each target token:
+    the source token its attention weighs most (fairseq's hard alignment)."""
+    sources = []
+    for position, (token, (start, end)) in enumerate(zip(encoded["input_ids"], encoded["offset_mapping"])):
+        while start < end and text[start].isspace():
+            start += 1
+        if token not in special and end > start:
+            sources.append((position, start, end))
+    target_positions = [t for t, token in enumerate(target_ids) if token not in special]
+    words = word_indices(tokenizer, [target_ids[t] for t in target_positions])
+    if not sources:
+        return []
+    columns = torch.tensor([position for position, _, _ in sources])
+    links = []
+    for t, word in zip(target_positions, words):
+        if word is not None and t < attention.shape[0]:
+            best = sources[int(attention[t, columns].argmax())]
+            links.append((best[1], best[2], word))
+    return links
+
+
+def _segment(unit: _Unit, hypotheses: list[Hypothesis], links: dict, penalty: float) -> SegmentTranslation:
+    """A unit's hypotheses with their spans restored, confidence added, and its span and glossary reports."""
+    if not hypotheses:  # nothing for the model (white space, or spans only): the spans alone come back
+        hypotheses = [Hypothesis("", None, [])]
+    restored_hypotheses, spans, terms = [], [], []
+    for rank, hypothesis in enumerate(hypotheses):
+        restored = restore(unit.protected, hypothesis.text, links.get(rank))
+        restored_hypotheses.append(Hypothesis(restored.text, hypothesis.score, hypothesis.token_ids,
+                                              confidence(hypothesis.score, len(hypothesis.token_ids), penalty)))
+        if rank == 0:
+            protected = unit.protected
+            spans = [{"kind": span.kind, "text": span.text, "how": how}
+                     for span, how in zip(protected.spans, restored.outcomes) if span.kind != "term"]
+            spans += [{"kind": span.kind, "text": span.text, "how": "not protected: more spans than sentinels"}
+                      for span in protected.unprotected]
+            term_spans = [(span, how) for span, how in zip(protected.spans, restored.outcomes) if span.kind == "term"]
+            terms = glossary_report([span for span, _ in term_spans], [how for _, how in term_spans], restored.text,
+                                    unit.lost_terms + [s for s in protected.unprotected if s.kind == "term"])
+    return SegmentTranslation(unit.source, unit.protected.model_text, restored_hypotheses, spans, terms)
+
+
+def _assemble(text: str, layout, segments: list[SegmentTranslation], penalty: float) -> TextTranslation:
+    """A text's translation from its units': joined in the text's white space; n-best and confidence combined."""
+    if not segments:
+        return TextTranslation(text, layout.join([]), None, [], [])
+    count = max(len(segment.hypotheses) for segment in segments)
+    hypotheses = []
+    for rank in range(count):
+        chosen = [segment.hypotheses[min(rank, len(segment.hypotheses) - 1)] for segment in segments]
+        hypotheses.append(_joined(layout.join([h.text for h in chosen]), chosen, penalty))
+    if all(not segment.model_text.strip() for segment in segments):  # spans only: nothing was translated
+        hypotheses = [Hypothesis(hypotheses[0].text, None, [])] if count else []
+    return TextTranslation(text, hypotheses[0].text if hypotheses else layout.join([]),
+                           hypotheses[0].confidence if hypotheses else None, hypotheses, segments)
+
+
+def _joined(text: str, parts: list[Hypothesis], penalty: float) -> Hypothesis:
+    """One hypothesis of a whole text from one of each unit's: token ids one after the other, the score and
+    confidence of all its tokens together (units the model did not translate left out)."""
+    scored = [part for part in parts if part.token_ids]
+    ids = [token for part in scored for token in part.token_ids]
+    if not scored or any(part.score is None for part in scored):
+        return Hypothesis(text, None, ids)
+    log_prob = sum(part.score * len(part.token_ids) ** penalty for part in scored)
+    return Hypothesis(text, log_prob / len(ids) ** penalty, ids, log_prob / len(ids))
+
+
+def _length_penalty(backend) -> float:
+    """The exponent of the backend's score normalisation: its own, else its generation_config's, else 1."""
+    penalty = getattr(backend, "length_penalty", None)
+    if penalty is None:
+        penalty = getattr(backend.generation_config, "length_penalty", None)
+    return 1.0 if penalty is None else penalty
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -392,15 +699,9 @@ def cross_attention_matrices(model, tokenizer, source_text: str, target_ids) -> 
     limit = source_limit(getattr(model.config, "max_position_embeddings", None), tokenizer)
     encoded = tokenizer(source_text, return_tensors="pt", truncation=True, max_length=limit)
     decoder_input_ids = torch.tensor([[decoder_start_token(model)] + target[:-1]], device=device)  # (1, T)
-    was_training, attention_kernel = model.training, model.config._attn_implementation
-    model.eval()
-    model.set_attn_implementation("eager")  # the fused kernels return no weights
-    try:
+    with eager_attention(model):
         output = model(input_ids=encoded["input_ids"].to(device), attention_mask=encoded["attention_mask"].to(device),
                        decoder_input_ids=decoder_input_ids, output_attentions=True, use_cache=False, return_dict=True)
-    finally:
-        model.train(was_training)
-        model.set_attn_implementation(attention_kernel)
     # per layer (1, H, T, S) -> (layers, H, T, S)
     return torch.cat([layer.float().cpu() for layer in output.cross_attentions], dim=0)
 
@@ -457,6 +758,27 @@ def hard_alignment(model, tokenizer, source_text: str, target_ids, layer: int = 
                    if source_words[s] is not None and target_words[t] is not None})
 
 
+def text_alignment(model, tokenizer, translation: TextTranslation, rank: int = 0, layer: int = -1,
+                   unit: str = "words") -> list[tuple[int, int]]:
+    """`hard_alignment` of a whole text and its `rank`-th hypothesis: each unit's pairs, offset by the words (or
+    tokens) of the units before it. Indices count what the model read and wrote (protected spans, hidden from it,
+    are not counted)."""
+    special = set(getattr(tokenizer, "all_special_ids", [])) | {model.config.pad_token_id} - {None}
+    pairs, source_offset, target_offset = [], 0, 0
+    for segment in translation.segments:
+        hypothesis = segment.hypotheses[min(rank, len(segment.hypotheses) - 1)]
+        if hypothesis.token_ids:
+            pairs += [(s + source_offset, t + target_offset) for s, t in
+                      hard_alignment(model, tokenizer, segment.model_text, hypothesis.token_ids, layer, unit)]
+        if unit == "words":
+            source_offset += len(segment.model_text.split())
+            target_offset += len(decode_ids(tokenizer, hypothesis.token_ids).split())
+        else:
+            source_offset += sum(token not in special for token in tokenizer(segment.model_text)["input_ids"])
+            target_offset += sum(token not in special for token in hypothesis.token_ids)
+    return sorted(pairs)
+
+
 def format_alignment(pairs: list[tuple[int, int]]) -> str:
     """Pairs as fairseq and fast_align print them: `0-0 1-2 2-1` (source-target)."""
     return " ".join(f"{source}-{target}" for source, target in pairs)
@@ -464,6 +786,12 @@ def format_alignment(pairs: list[tuple[int, int]]) -> str:
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
+    "SegmentTranslation",
+    "TextOptions",
+    "TextTranslation",
+    "confidence",
+    "eager_attention",
+    "translate_texts",
     "DEFAULT_MAX_LEN_A",
     "DEFAULT_MAX_LEN_B",
     "FALLBACK_MAX_NEW_TOKENS",
@@ -481,6 +809,7 @@ __all__ = [
     "length_bound",
     "new_tokens_cap",
     "source_limit",
+    "text_alignment",
     "translate_batches",
     "word_indices",
 ]

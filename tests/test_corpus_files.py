@@ -228,7 +228,7 @@ def test_a_saved_dataset_folder_without_pair_files_beside_it_still_loads(tmp_pat
 @pytest.mark.parametrize("flag", ["train_file", "validation_file", "test_file"])
 def test_dev_null_as_a_split_is_named_as_empty(tmp_path, capsys, flag):
     message = refused(tmp_path, capsys, **{flag: "/dev/null"})
-    assert f"'/dev/null' gave no text (an empty pipe or device" in message
+    assert "'/dev/null' gave no text (an empty pipe or device" in message
     assert (f"leave --{flag} out" in message) == (flag != "train_file")
 
 

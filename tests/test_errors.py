@@ -31,6 +31,7 @@ EXPECTED = {  # every exception class the package defines: its module and exit s
     "translation_core.InvalidOption": 2, "translation.translate.ModelLoadError": 2,
     "translation.cli.StdoutClosed": 0, "translation.ct2_backend.CT2Error": 2,
     "translation.ct2_backend.CT2NotInstalledError": 2, "export.ct2.CT2ExportError": 2,
+    "documents.SegmenterMissing": 2, "glossary.GlossaryError": 2, "protected_spans.ProtectError": 2,
 }
 
 

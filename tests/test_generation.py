@@ -247,3 +247,42 @@ def test_remote_code_in_a_process_without_the_package(saved_dir, trained, tiny_t
     }
     # another process may order its sums differently (it failed bit-equality once, on a loaded machine)
     torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected_logits, rtol=0, atol=1e-5)
+
+
+def test_the_pipeline_reads_documents_protects_spans_and_honours_a_glossary(trained_model):
+    from hf_scratch_transformer.translation.translate import translate
+
+    model, tokenizer, _ = trained_model
+    pipe = translation_pipeline(model, tokenizer)
+    document = "Jesus wept.  God is love.\n\nThe Lord is my shepherd."
+    assert pipe(document) == [{"translation_text": translate(model, tokenizer, [document])[0]}]
+    assert pipe(document)[0]["translation_text"].count("\n\n") == 1
+    [result] = pipe("Jesus wept <b>%d</b> times.", protect=True, glossary={"Jesus": "Cristo"}, return_details=True)
+    assert set(result) == {"translation_text", "confidence", "spans", "glossary"} and result["confidence"] < 0
+    assert result["translation_text"].count("<b>%d</b>") == 1 and "Cristo" in result["translation_text"], result
+    assert [entry["honoured"] for entry in result["glossary"]] == [True]
+    assert [entry["text"] for entry in result["spans"]] == ["<b>", "%d", "</b>"]
+    [[best, second]] = pipe(["God is love."], num_beams=3, num_return_sequences=2, segment=False)
+    assert best["score"] >= second["score"]
+
+
+def test_a_directory_saved_by_the_pipeline_translates_documents_as_remote_code(saved_dir, tmp_path):
+    """The pipeline's save copies every module the translation core reads texts with (documents, protected spans,
+    glossary): `pipeline(..., trust_remote_code=True)` translates a document with a glossary and a placeholder in a
+    process where importing the package fails."""
+    directory = saved_dir
+    script = textwrap.dedent(f"""
+        import sys, json
+        sys.modules["hf_scratch_transformer"] = None  # `import hf_scratch_transformer` now raises ImportError
+        from transformers import pipeline
+        translator = pipeline("translation", model={str(directory)!r}, trust_remote_code=True)
+        [result] = translator("Jesus wept.  God is love. %s", glossary={{"God": "Dios"}}, protect=True,
+                              return_details=True)
+        print(json.dumps({{"text": result["translation_text"], "glossary": result["glossary"],
+                          "package_imported": sys.modules.get("hf_scratch_transformer") is not None}}))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["package_imported"] is False and report["text"].count("%s") == 1
+    assert [entry["honoured"] for entry in report["glossary"]] == [True]

@@ -134,25 +134,28 @@ def finished_model(finished_run):
     torch.set_num_threads(threads)
 
 
-def test_empty_and_whitespace_inputs_translate_to_empty_lines(finished_model):
+def test_white_space_alone_comes_back_as_it_is_and_never_reaches_the_model(finished_model):
     model, tokenizer = finished_model
-    assert translate(model, tokenizer, ["", "   ", "\t\n", "Jesus wept.", ""])[:3] == ["", "", ""]
-    assert translate(model, tokenizer, ["", "   "]) == ["", ""]
+    assert translate(model, tokenizer, ["", "   ", "\t\n", "Jesus wept.", ""])[:3] == ["", "   ", "\t\n"]
+    assert translate(model, tokenizer, ["", "   "], num_return_sequences=1) == [[], []]
 
 
-def test_too_long_input_is_truncated_with_a_warning(finished_model, caplog):
+def test_too_long_input_is_split_and_translated_whole_with_a_warning(finished_model, caplog):
+    """A text longer than the model's limit (96 tokens here) is cut into sentences, and one sentence longer than
+    the limit into pieces: every piece is translated, nothing is cut off (the pipeline does the same)."""
     model, tokenizer = finished_model
-    long_text = " ".join(["In the beginning God created the heavens and the earth."] * 30)
+    sentence = "In the beginning God created the heavens and the earth."
+    document = " ".join([sentence] * 30)
+    one_sentence = ", and ".join([sentence[:-1]] * 12) + "."  # no sentence end until the last word
+    assert len(tokenizer(one_sentence)["input_ids"]) > 96
     with caplog.at_level(logging.WARNING, logger="hf_scratch_transformer"):
-        [translation] = translate(model, tokenizer, [long_text], max_new_tokens=4)
-    assert isinstance(translation, str)
-    assert "1 input text(s) longer than the model's limit of 96 tokens were truncated" in caplog.text
-    # the pipeline truncates as well; with truncation=False the core refuses the text, naming the limit
-    # (the model given too-long ids: tests/test_modeling.py::test_too_long_input_raises_a_clear_error)
+        [whole, long_one] = translate(model, tokenizer, [document, one_sentence], details=True, max_new_tokens=4)
+    assert len(whole.segments) == 30 and "truncated" not in caplog.text
+    assert "1 sentence(s) longer than the model's limit of 95 tokens were split into" in caplog.text
+    assert len(long_one.segments) >= 2 and " ".join(s.source for s in long_one.segments) == one_sentence
+    assert all(len(tokenizer(s.model_text)["input_ids"]) <= 96 for s in long_one.segments)
     pipe = translation_pipeline(model, tokenizer)
-    assert set(pipe(long_text, max_new_tokens=4)[0]) == {"translation_text"}
-    with pytest.raises(ValueError, match="max_position_embeddings"):
-        pipe(long_text, truncation=False, max_new_tokens=4)
+    assert pipe(one_sentence, max_new_tokens=4) == [{"translation_text": long_one.text}]
 
 
 def test_unknown_characters_never_become_unk(finished_model):
@@ -172,9 +175,9 @@ def test_any_unicode_string_goes_through_tokenizer_and_model(finished_model, tex
     ids = tokenizer(text)["input_ids"]
     assert tokenizer.decode(ids, skip_special_tokens=True) == unicodedata.normalize("NFC", text)
     [translation] = translate(model, tokenizer, [text], max_new_tokens=3)
-    assert isinstance(translation, str) and "\n" not in translation
+    assert isinstance(translation, str) and translation.count("\n") <= text.count("\n")  # only the text's own
     if not text.strip():
-        assert translation == ""
+        assert translation == text  # white space alone comes back as it is
 
 
 # ------------------------------------------------------------------------------------ inputs and options, checked

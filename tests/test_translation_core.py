@@ -5,16 +5,19 @@ Every path through it (CLI, pipeline, translate(), CTranslate2) is compared in t
 import math
 
 import pytest
+import torch
 from helpers import PAIRS_EN_ES
 
 from hf_scratch_transformer.translation_core import (
     DEFAULT_MAX_LEN_A,
     DEFAULT_MAX_LEN_B,
     DecodingOptions,
+    TextOptions,
     TorchBackend,
     length_bound,
     new_tokens_cap,
     translate_batches,
+    translate_texts,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -100,3 +103,60 @@ def test_the_length_cap_comes_from_the_generation_config_and_the_positions(train
     assert new_tokens_cap(config, 64) == 31 and new_tokens_cap(config, 20) == 19 and new_tokens_cap(config, 64, 5) == 5
     assert length_bound(10, 1.5, 10) == 25 and length_bound(3, 0.1, 0) == 1 and length_bound(9, 0, 0) is None
     assert length_bound(7, 0.5, 2) == math.ceil(5.5)
+
+
+# ------------------------------------------------------------------------------------------ texts: translate_texts
+DOCUMENT = "  Jesus wept. God is love.\n\n  The Lord is my shepherd. I shall not want. \n"
+
+
+def test_a_document_is_translated_sentence_by_sentence_in_its_own_white_space(trained_model):
+    model, tokenizer, _ = trained_model
+    sentences = ["Jesus wept.", "God is love.", "The Lord is my shepherd.", "I shall not want."]
+    alone = [found[0].text for found in translate_batches(TorchBackend(model), tokenizer, sentences)]
+    backend = RecordingBackend(model)
+    [translation, blank] = translate_texts(backend, tokenizer, [DOCUMENT, " \n "], DecodingOptions(batch_size=3))
+    assert translation.text == f"  {alone[0]} {alone[1]}\n\n  {alone[2]} {alone[3]} \n"
+    assert [segment.source for segment in translation.segments] == sentences
+    assert blank.text == " \n " and blank.segments == [] and blank.hypotheses == []
+    lengths = [length for batch, _ in backend.calls for length in batch]
+    assert lengths == sorted(lengths, reverse=True) and len(lengths) == 4  # one sorted batch of every sentence
+
+
+def test_without_segmenting_a_text_goes_to_the_model_whole(trained_model):
+    model, tokenizer, _ = trained_model
+    [whole] = translate_texts(TorchBackend(model), tokenizer, ["Jesus wept. God is love."],
+                              text_options=TextOptions(segment=False))
+    assert [segment.model_text for segment in whole.segments] == ["Jesus wept. God is love."]
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_confidence_is_the_mean_log_probability_of_the_tokens(trained_model, num_beams):
+    """Per sentence: the mean over its tokens (</s> included) of log p(token), recomputed here by one teacher-forced
+    pass; per document: all its tokens' log-probabilities over all its tokens. A length penalty changes the score,
+    not the confidence."""
+    model, tokenizer, _ = trained_model
+    backend = TorchBackend(model, length_penalty=0.6)
+    [document] = translate_texts(backend, tokenizer, [DOCUMENT], DecodingOptions(num_beams=num_beams,
+                                                                                  with_scores=True))
+    total, count = 0.0, 0
+    for segment in document.segments:
+        best = segment.hypotheses[0]
+        encoded = tokenizer([segment.model_text], return_tensors="pt")
+        logits = model(**encoded, decoder_input_ids=torch.tensor([[1] + best.token_ids[:-1]])).logits
+        log_probs = logits.log_softmax(-1)[0, torch.arange(len(best.token_ids)), best.token_ids]
+        assert best.confidence == pytest.approx(log_probs.mean().item(), abs=1e-4)
+        assert best.score == pytest.approx(log_probs.sum().item() / len(best.token_ids) ** 0.6, abs=1e-4)
+        total, count = total + log_probs.sum().item(), count + len(best.token_ids)
+    assert document.confidence == pytest.approx(total / count, abs=1e-4) and document.confidence < 0
+    assert document.hypotheses[0].confidence == document.confidence
+    [unscored] = translate_texts(TorchBackend(model), tokenizer, [DOCUMENT])
+    assert unscored.confidence is None and unscored.text == document.text
+
+
+def test_nbest_of_a_document_joins_the_sentences_hypotheses(trained_model):
+    model, tokenizer, _ = trained_model
+    options = DecodingOptions(num_beams=3, num_return_sequences=2)
+    [document] = translate_texts(TorchBackend(model), tokenizer, ["Jesus wept. God is love."], options)
+    first, second = ([segment.hypotheses[rank].text for segment in document.segments] for rank in (0, 1))
+    assert [h.text for h in document.hypotheses] == [" ".join(first), " ".join(second)]
+    assert document.hypotheses[1].token_ids == [t for s in document.segments for t in s.hypotheses[1].token_ids]

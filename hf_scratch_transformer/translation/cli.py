@@ -299,22 +299,37 @@ def _load_ct2(args: argparse.Namespace):
     return backend
 
 
-def _block(line_number: int, source: str, hypotheses, args: argparse.Namespace, model, tokenizer) -> list[str]:
+def _block(line_number: int, translation, args: argparse.Namespace, model, tokenizer) -> list[str]:
     """The output lines of one input: its translation, or with --nbest / --print_alignment its H (and A) lines."""
     if not _block_output(args):
-        return [hypotheses[0].text if hypotheses else ""]
-    if not hypotheses:  # an empty input line: one empty hypothesis keeps the line visible
+        return [_one_line(translation.text)]
+    if not translation.hypotheses:  # a blank input line: one empty hypothesis keeps the line visible
         return [f"H-{line_number}\t\t"] + ([f"A-{line_number}\t"] if args.print_alignment else [])
-    from ..translation_core import format_alignment, hard_alignment
+    from ..translation_core import format_alignment, text_alignment
 
     lines = []
-    for hypothesis in hypotheses:
-        lines.append(f"H-{line_number}\t{hypothesis.score:.4f}\t{hypothesis.text}")
+    for rank, hypothesis in enumerate(translation.hypotheses):
+        score = "" if hypothesis.score is None else f"{hypothesis.score:.4f}"
+        lines.append(f"H-{line_number}\t{score}\t{_one_line(hypothesis.text)}")
         if args.print_alignment:
             layer = -1 if args.alignment_layer is None else args.alignment_layer - 1
-            pairs = hard_alignment(model, tokenizer, source, hypothesis.token_ids, layer, args.alignment_unit)
+            pairs = text_alignment(model, tokenizer, translation, rank, layer, args.alignment_unit)
             lines.append(f"A-{line_number}\t{format_alignment(pairs)}")
     return lines
+
+
+def _one_line(text: str) -> str:
+    """A translation as one output line: a line break kept from the input's white space (a lone \\r between two
+    sentences) printed as a space, as in the model's own output."""
+    return text.replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
+
+
+def _first_unit(translation) -> tuple[str, list[int]] | None:
+    """(what the model read, the best token ids) of a text's first translated unit: what --attention draws."""
+    for segment in translation.segments:
+        if segment.hypotheses and segment.hypotheses[0].token_ids:
+            return segment.model_text, segment.hypotheses[0].token_ids
+    return None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -368,37 +383,39 @@ def _threads_hook(backend):
 
 def _translate_interactively(args, backend, tokenizer, model, options) -> None:
     """Translate each line of the terminal as it is typed (the first one drawn with --attention)."""
-    from ..translation_core import translate_batches
+    from ..translation_core import translate_texts
 
     print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
     drawn = False
     for line_number, text in enumerate(_stdin_lines(), start=1):
-        [hypotheses] = translate_batches(backend, tokenizer, [text], options, on_batch=_threads_hook(backend))
-        _write_stdout(_block(line_number, text, hypotheses, args, model, tokenizer))
-        if args.attention and hypotheses and (args.attention_all or not drawn):
+        [translation] = translate_texts(backend, tokenizer, [text], options, on_batch=_threads_hook(backend))
+        _write_stdout(_block(line_number, translation, args, model, tokenizer))
+        unit = _first_unit(translation)
+        if args.attention and unit and (args.attention_all or not drawn):
             [(_, path)] = _attention_paths(args.attention, [line_number], args.attention_all)
-            _draw(model, tokenizer, text, hypotheses[0].token_ids, path)
+            _draw(model, tokenizer, *unit, path)
             drawn = True
 
 
 def _translate_all(args, backend, tokenizer, model, texts: list[str], options) -> None:
     """Translate every text (sorted batches, written in input order), then draw the attention plots asked for."""
-    from ..translation_core import translate_batches
+    from ..translation_core import translate_texts
 
     progress = bool(args.input_file) and not args.no_progress
-    found = translate_batches(backend, tokenizer, texts, options, progress=progress, on_batch=_threads_hook(backend))
-    lines = [line for number, (text, hypotheses) in enumerate(zip(texts, found), start=1)
-             for line in _block(number, text, hypotheses, args, model, tokenizer)]
+    found = translate_texts(backend, tokenizer, texts, options, progress=progress, on_batch=_threads_hook(backend))
+    lines = [line for number, translation in enumerate(found, start=1)
+             for line in _block(number, translation, args, model, tokenizer)]
     if args.output_file:
         _write_file(args.output_file, lines)
     else:
         _write_stdout(lines)
     if args.attention:
-        line_numbers = [i + 1 for i, hypotheses in enumerate(found) if hypotheses]
+        units = {i + 1: _first_unit(translation) for i, translation in enumerate(found)}
+        line_numbers = [number for number, unit in units.items() if unit]
         if not line_numbers:
             print("warning: no non-empty input sentence, so no attention plot was drawn", file=sys.stderr)
         for line_number, path in _attention_paths(args.attention, line_numbers, args.attention_all):
-            _draw(model, tokenizer, texts[line_number - 1], found[line_number - 1][0].token_ids, path)
+            _draw(model, tokenizer, *units[line_number], path)
 
 
 def _attention_paths(base: str, line_numbers: list[int], every: bool) -> list[tuple[int, Path]]:

@@ -6,8 +6,9 @@
     >>> translate(model, tokenizer, ["Jesus wept."], num_beams=4, num_return_sequences=2)     # doctest: +SKIP
     [[Hypothesis(text='Jesús lloró.', score=-0.21, token_ids=[...]), Hypothesis(text=..., score=-0.93, ...)]]
 
-`translate` goes through the package's one translation core (translation_core.py): sorted batches, input order,
-empty texts, truncation, the length bound `max_len_a * source tokens + max_len_b`, n-best with scores.
+`translate` goes through the package's one translation core (translation_core.translate_texts): documents split
+into sentences and put back in their own white space, protected spans, glossaries, sorted batches, input order,
+the length bound `max_len_a * source tokens + max_len_b`, n-best with scores and confidence.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from ..translation_core import (
     DEFAULT_MAX_LEN_B,
     DecodingOptions,
     Hypothesis,
+    TextOptions,
+    TextTranslation,
     TorchBackend,
     check_tokenizer_fits,
-    translate_batches,
+    translate_texts,
 )
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
@@ -303,28 +306,39 @@ def _check_tensor_names(model, info: dict, name: str) -> None:
 def translate(model, tokenizer, texts: list[str], *, num_beams: int | None = None,
               num_return_sequences: int | None = None, max_new_tokens: int | None = None,
               max_len_a: float = DEFAULT_MAX_LEN_A, max_len_b: float = DEFAULT_MAX_LEN_B,
-              batch_size: int = DEFAULT_BATCH_SIZE, truncation: bool = True, progress: bool = False,
-              description: str = "translating", on_batch: Callable[[int, float], None] | None = None,
-              **generate_kwargs) -> list[str] | list[list[Hypothesis]]:
-    """Translate `texts` (a list of strings) in input order.
+              batch_size: int = DEFAULT_BATCH_SIZE, segment: bool = True, source_lang: str | None = None,
+              protect: bool | None = None, protect_kinds=None, protect_patterns=(), glossary=None,
+              details: bool = False, progress: bool = False, description: str = "translating",
+              on_batch: Callable[[int, float], None] | None = None,
+              **generate_kwargs) -> list[str] | list[list[Hypothesis]] | list[TextTranslation]:
+    """Translate `texts` (a list of strings, each of any length: a sentence, a paragraph, a document) in input
+    order.
 
-    Without `num_return_sequences`: one string per text ("" for an empty text). With `num_return_sequences=N`:
-    per text its N best `Hypothesis` (text, score, token_ids), best first (an empty list for an empty text); N is
-    at most the beam size. `num_beams` / `max_new_tokens` default to the model's generation_config; each
-    translation gets at most `max_len_a * source tokens + max_len_b` new tokens (0 and 0: no bound);
-    `progress` shows a tqdm bar; `on_batch(tokens_generated, seconds)` is called after each batch; further keyword
-    arguments go to `generate()` (e.g. `length_penalty=1.2`).
+    Without `num_return_sequences`: one string per text (white space alone comes back as it is). With
+    `num_return_sequences=N`: per text its N best `Hypothesis` (text, score, token_ids, confidence), best first (an
+    empty list for a text of white space); N is at most the beam size. With `details=True`: a `TextTranslation`
+    per text (translation, confidence, n-best, and per sentence what happened to protected spans and glossary
+    terms). `num_beams` / `max_new_tokens` default to the model's generation_config; each sentence's translation
+    gets at most `max_len_a * source tokens + max_len_b` new tokens (0 and 0: no bound). How texts are read
+    (translation_core.TextOptions): `segment` (split into sentences), `source_lang`, `protect` (None: on for a
+    model trained with sentinel tokens), `protect_kinds`, `protect_patterns`, `glossary` (a Glossary, a dict or
+    pairs). `progress` shows a tqdm bar; `on_batch(tokens_generated, seconds)` is called after each batch; further
+    keyword arguments go to `generate()` (e.g. `length_penalty=1.2`).
     """
     options = DecodingOptions(
         num_beams=num_beams, num_return_sequences=1 if num_return_sequences is None else num_return_sequences,
         max_new_tokens=max_new_tokens, max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size,
-        truncation=truncation, with_scores=num_return_sequences is not None,
+        with_scores=num_return_sequences is not None or details,
     )
-    hypotheses = translate_batches(TorchBackend(model, **generate_kwargs), tokenizer, texts, options,
-                                   progress=progress, description=description, on_batch=on_batch)
+    reading = TextOptions(segment=segment, source_lang=source_lang, protect=protect, protect_patterns=protect_patterns,
+                          glossary=glossary, **({} if protect_kinds is None else {"protect_kinds": protect_kinds}))
+    found = translate_texts(TorchBackend(model, **generate_kwargs), tokenizer, texts, options, reading,
+                            progress=progress, description=description, on_batch=on_batch)
+    if details:
+        return found
     if num_return_sequences is None:
-        return [found[0].text if found else "" for found in hypotheses]
-    return hypotheses
+        return [translation.text for translation in found]
+    return [translation.hypotheses for translation in found]
 
 
 __all__ = [
