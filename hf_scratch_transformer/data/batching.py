@@ -135,9 +135,10 @@ class TokenBucketBatchSampler(ShardedBatchSampler):
 
     The cost of a batch is ``len(batch) * max(longest source, longest target)`` (the padded size of the larger side,
     ``</s>`` included) and never exceeds ``max_tokens``. Pairs are sorted by length with a seeded random tie-break,
-    packed greedily (:func:`pack`), and the batch order is shuffled with ``seed + epoch`` (call :meth:`set_epoch`). With several
-    processes every process builds the same batches and keeps its share (see :func:`shard_batches`): ``__len__`` is
-    equal on all ranks and, unless ``drop_last``, the union over ranks is the whole epoch without overlap.
+    packed greedily (:func:`pack`), and the batch order is shuffled with ``seed + epoch`` (call :meth:`set_epoch`).
+    With several processes every process builds the same batches and keeps its share (see :func:`shard_batches`):
+    ``__len__`` is equal on all ranks and, unless ``drop_last``, the union over ranks is the whole epoch without
+    overlap.
 
     Under Accelerate, either build it with ``num_replicas=accelerator.num_processes, rank=accelerator.process_index``
     and do not pass that DataLoader through ``accelerator.prepare`` (no example repeated), or build it with

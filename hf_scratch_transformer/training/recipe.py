@@ -60,10 +60,11 @@ BF16_CPU_MIN_WIDTH = 256
 
 # ------------------------------------------------------------------------------------------------ a new model
 
-# The config fields the recipe sets on a new model (unless their flag is given), and why. Pre-norm: with the default learning rate of 2e-3 it reached validation BLEU 18.76 at step 4,000 where post-norm at 1e-3 had
-# 14.55, and post-norm at 2e-3 fell far behind (stage 3). No dropout: in the 3,600-step budget it reached validation
-# BLEU 21.31 / 21.38 (seeds 42 / 7) where dropout 0.1 had 18.34 / 18.68 and 0.2 fell behind (stage 4); it also draws
-# no masks. A model fine-tuned with --model_name_or_path keeps its own.
+# The config fields the recipe sets on a new model (unless their flag is given), and why. Pre-norm: with the default
+# learning rate of 2e-3 it reached validation BLEU 18.76 at step 4,000 where post-norm at 1e-3 had 14.55, and
+# post-norm at 2e-3 fell far behind (benchmarks/results/recipe_ablation.md, stage 3). No dropout: in the 3,600-step
+# budget it reached validation BLEU 21.31 / 21.38 (seeds 42 / 7) where dropout 0.1 had 18.34 / 18.68 and 0.2 fell
+# behind (stage 4); it also draws no masks. A model fine-tuned with --model_name_or_path keeps its own.
 NEW_MODEL_SETTINGS = {"normalize_before": True, "dropout": 0.0}
 NEW_MODEL_WHY = {
     "normalize_before": ("pre-norm", "post-norm", "--normalize_before false",
@@ -82,7 +83,8 @@ NO_DROPOUT_EPOCHS_WARNING = 10
 # King James Version by 5 to 7. Lower-casing 0.05 alone cost nothing on the plain source in two seeds on each precision
 # branch and lost 0.3 to 1.4 BLEU less on a style-shifted one; 0.1 with typos at 0.02 lost less there too but cost
 # about a BLEU point on the plain source. Typos at 0.01 cost a third less on misspelt input but 0.68 validation BLEU on
-# clean input: not the default. BPE-dropout (0.05, 0.1) is off. (benchmarks/results/recipe_ablation.md, docs/training.md)
+# clean input: not the default. BPE-dropout (0.05, 0.1) is off. (benchmarks/results/recipe_ablation.md,
+# docs/training.md)
 DEFAULT_AUGMENTATION = Augmentation(source_lowercase_rate=0.05, source_paraphrase_rate=0.5,
                                     source_plain_quotes_rate=0.5)
 
