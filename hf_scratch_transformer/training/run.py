@@ -111,7 +111,8 @@ def _run_training(model_args: ModelArguments, data_args: DataArguments, args: Ru
     evaluator = Evaluator(accelerator, model, tokenizer, data, collator, data_args, args)
     phases, trainer = {}, None
     if args.do_train:
-        trainer = _training_loop(accelerator, model, tokenizer, data, paraphrases, evaluator, data_args, args, recipe)
+        trainer = _training_loop(accelerator, model, tokenizer, data, collator, paraphrases, evaluator, data_args, args,
+                                 recipe)
         if checkpoint is not None:
             trainer.resume(checkpoint)
         if (warning := recipe.dropout_warning(trainer.length)) and accelerator.is_main_process:
@@ -267,11 +268,11 @@ def _model(model_args: ModelArguments, data_args: DataArguments, args: RunArgume
     return model
 
 
-def _training_loop(accelerator, model, tokenizer, data: TrainingData, paraphrases: dict, evaluator: Evaluator,
-                   data_args: DataArguments, args: RunArguments, recipe: Recipe) -> TrainingLoop:
-    """The training loop over this process's batches, with the recipe's augmentation, and the callbacks of the
-    enclosing `loop.training_callbacks` blocks."""
-    collator = noise_collator(make_collator(tokenizer), tokenizer, recipe.augmentation, seed=args.seed,
+def _training_loop(accelerator, model, tokenizer, data: TrainingData, collator, paraphrases: dict,
+                   evaluator: Evaluator, data_args: DataArguments, args: RunArguments, recipe: Recipe) -> TrainingLoop:
+    """The training loop over this process's batches, `collator`'s with the recipe's augmentation, and the callbacks
+    of the enclosing `loop.training_callbacks` blocks."""
+    collator = noise_collator(collator, tokenizer, recipe.augmentation, seed=args.seed,
                               max_source_length=data_args.max_source_length,
                               max_target_length=data_args.max_target_length, paraphrases=paraphrases)
     batches = TrainingBatches(data.datasets["train"], collator, data_args, args.per_device_train_batch_size,
