@@ -122,30 +122,30 @@ def child(argv: list[str], measurement: Path, cache: Path | None = None) -> int:
 
 @contextmanager
 def _instrumented(training, marks: dict, cache: Path | None):
-    """The functions train.py calls for each phase, wrapped to record when they start and end (restored after)."""
+    """The functions train.py calls for each phase, wrapped to record when they start and end (restored after); the
+    start of training recorded by a callback of the training loop."""
     import datasets
 
-    from hf_scratch_transformer.training.loop import TrainingLoop
+    from hf_scratch_transformer.training.loop import TrainingCallback, training_callbacks
+
+    class FirstStep(TrainingCallback):
+        def on_train_begin(self, loop):
+            marks.setdefault("first_step", time.time())
 
     names = {"load": "load_parallel_corpus", "tokenizer": "train_tokenizer_on_corpus",
              "preprocess": "preprocess_corpus"}
     originals = {attribute: getattr(training, attribute) for attribute in names.values()}
-    real_loss, real_cache = TrainingLoop._loss, datasets.config.HF_DATASETS_CACHE
-
-    def first_loss(self, batch):
-        marks.setdefault("first_step", time.time())
-        return real_loss(self, batch)
-
+    real_cache = datasets.config.HF_DATASETS_CACHE
     for name, attribute in names.items():
         setattr(training, attribute, _timed(name, originals[attribute], marks))
-    TrainingLoop._loss = first_loss
     datasets.config.HF_DATASETS_CACHE = cache or real_cache
     try:
-        yield
+        with training_callbacks(FirstStep()):
+            yield
     finally:
         for attribute, function in originals.items():
             setattr(training, attribute, function)
-        TrainingLoop._loss, datasets.config.HF_DATASETS_CACHE = real_loss, real_cache
+        datasets.config.HF_DATASETS_CACHE = real_cache
 
 
 def _timed(name: str, function, marks: dict):

@@ -178,7 +178,7 @@ BASE_FLAGS = {"do_train": True, "do_eval": True, "eval_steps": 0, "report_to": "
               # s4-dropout0.0-bf16-4320-lower0.05, paraphrases and plain quotes 0.5 since its -para0.5-quotes0.5)
               "source_lowercase_rate": 0.0, "source_paraphrase_rate": 0.0, "source_plain_quotes_rate": 0.0,
               "bf16": False}  # every stage ran in fp32 unless its row says bf16 (now the default on CPUs with
-                              # AVX-512 BF16 and no AMX: arguments.BF16_CPU_STEP_BUDGET)
+                              # AVX-512 BF16 and no AMX: recipe.BF16_CPU_STEP_BUDGET)
 # the rest is train.py's defaults, except the two that stage 3 itself changed (pre-norm and 2e-3 since ac6cd5a)
 # and the run-length rule of then (5,000 steps, early stopping after 3 validations, the best model kept), written out
 # since stage 4 shortened the rule's budget and made the decay linear

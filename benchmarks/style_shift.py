@@ -25,7 +25,7 @@ import argparse
 import random
 import re
 
-from hf_scratch_transformer.data.tokenization import misspell
+from hf_scratch_transformer.training.augmentation import misspell
 
 BRITISH = {
     "honor": "honour", "honors": "honours", "honored": "honoured", "dishonor": "dishonour", "color": "colour",

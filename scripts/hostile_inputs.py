@@ -559,16 +559,19 @@ INFERENCE_CASES = [
 
 
 def _nan_without_checkpoint(ws: Workspace) -> str:
-    from hf_scratch_transformer.training.loop import TrainingLoop
+    import torch
 
-    real_loss = TrainingLoop._loss
-    TrainingLoop._loss = lambda self, batch: real_loss(self, batch) * float("nan")
-    try:
-        output_dir = ws.fresh("nan")
+    from hf_scratch_transformer.training.loop import TrainingCallback, training_callbacks
+
+    class NanWeights(TrainingCallback):  # the embedding set to NaN before the first step: its loss is NaN
+        def on_train_begin(self, loop):
+            with torch.no_grad():
+                loop.model.get_input_embeddings().weight.fill_(float("nan"))
+
+    output_dir = ws.fresh("nan")
+    with training_callbacks(NanWeights()):
         message = one_line(*run_train(tiny_flags(output_dir, save_steps=0)), 1, "loss became nan at step 1",
                            "no checkpoint", "--overwrite_output_dir")
-    finally:
-        TrainingLoop._loss = real_loss
     if "--resume_from_checkpoint" in message:
         raise Failure(f"advises resuming with no checkpoint to resume from: {message}")
     return message

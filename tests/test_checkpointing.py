@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 
 from hf_scratch_transformer.training.arguments import RunArguments
 from hf_scratch_transformer.training.checkpointing import read_run_state
-from hf_scratch_transformer.training.loop import TrainingLoop
+from hf_scratch_transformer.training.loop import TrainingCallback, training_callbacks
 from hf_scratch_transformer.training.run_directory import CHECKPOINT_COMPLETE, list_checkpoints
 from hf_scratch_transformer.training.run import main
 
@@ -33,19 +33,22 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on share
 # ------------------------------------------------------------------------------------------------------------ resuming
 
 
-def test_stop_and_resume_ends_with_the_same_weights(tmp_path, capsys, monkeypatch):
+class CtrlCAfterStep(TrainingCallback):
+    """A real SIGINT to this process at the end of step `step`."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, loop):
+        if loop.state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_stop_and_resume_ends_with_the_same_weights(tmp_path, capsys):
     """Stopped by Ctrl-C mid-run, under the default (linear, length-dependent) schedule."""
     flags = dict(max_steps=12, save_steps=4, eval_steps=0, max_train_samples=40, max_tokens=256)
     run_tiny(tmp_path / "straight", **flags)
-    real_loss = TrainingLoop._loss
-
-    def loss_then_ctrl_c(self, batch):
-        if self.state.global_step == 5:  # during step 6
-            os.kill(os.getpid(), signal.SIGINT)
-        return real_loss(self, batch)
-
-    with monkeypatch.context() as patched:
-        patched.setattr(TrainingLoop, "_loss", loss_then_ctrl_c)
+    with training_callbacks(CtrlCAfterStep(5)):  # seen after step 6
         message = fails_with(tiny_run_flags(tmp_path / "resumed", **flags), capsys, code=130)
     assert "checkpoint saved at step 6" in message
     run_tiny(tmp_path / "resumed", **flags, resume_from_checkpoint="latest")
@@ -71,7 +74,7 @@ def test_resume_with_another_model_config_is_refused(finished_run, tmp_path, cap
 
 
 def test_resume_in_another_precision_is_refused(finished_run, tmp_path, capsys):
-    """The precision sets the run-length rule's steps on a CPU (arguments.step_budget), hence the schedule: a run
+    """The precision sets the run-length rule's steps on a CPU (Recipe.step_budget), hence the schedule: a run
     trained in fp32 is not continued in bf16 (as when a checkpoint moves to a CPU where bf16 is the default)."""
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)

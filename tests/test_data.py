@@ -4,7 +4,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 from datasets import Dataset, DatasetDict, IterableDataset
 from helpers import CORPUS_PAIRS, fails_with, pair_records, saved_files, tiny_run_flags, write_jsonl
 from transformers import DataCollatorForSeq2Seq
@@ -12,12 +11,6 @@ from transformers import DataCollatorForSeq2Seq
 from hf_scratch_transformer.training.arguments import check_values, parse_arguments
 from hf_scratch_transformer.data import loading
 from hf_scratch_transformer.data.loading import CORPUS_DIR, CorpusError, DataArguments, load_parallel_corpus
-from hf_scratch_transformer.data.batching import (
-    SentenceBatchSampler,
-    TokenBucketBatchSampler,
-    make_batch_sampler,
-    padding_fraction,
-)
 from hf_scratch_transformer.data.preprocessing import (
     evaluation_pairs,
     make_collator,
@@ -508,123 +501,6 @@ def test_collator_pads_labels_with_minus_100(corpus_tokenizer):
     assert batch["labels"].shape[0] == 2 and (batch["labels"] == -100).any()
     assert (batch["input_ids"][batch["attention_mask"] == 0] == corpus_tokenizer.pad_token_id).all()
     assert "decoder_input_ids" not in batch
-
-
-# ------------------------------------------------------------------------------------------------------- batching
-
-
-@pytest.fixture(scope="module")
-def train_lengths(shipped_corpus, corpus_tokenizer):
-    """Token lengths (</s> included) of the shipped training split, truncated like preprocessing does."""
-    pairs = shipped_corpus["train"]["translation"]
-    encode = lambda texts: corpus_tokenizer(texts, truncation=True, max_length=256)["input_ids"]  # noqa: E731
-    return [len(x) for x in encode([p["en"] for p in pairs])], [len(x) for x in encode([p["es"] for p in pairs])]
-
-
-def batch_cost(batch, src_lengths, tgt_lengths):
-    return len(batch) * max(max(src_lengths[i], tgt_lengths[i]) for i in batch)
-
-
-@pytest.mark.parametrize("max_tokens", [1024, 4096])
-def test_token_batches_respect_the_budget_and_cover_the_epoch_once(train_lengths, max_tokens):
-    src, tgt = train_lengths
-    sampler = TokenBucketBatchSampler(src, tgt, max_tokens, seed=0)
-    batches = list(sampler)
-    assert len(batches) == len(sampler)
-    assert max(batch_cost(b, src, tgt) for b in batches) <= max_tokens
-    assert sorted(i for b in batches for i in b) == list(range(len(src)))
-    assert padding_fraction(batches, src, tgt) < 0.10
-
-
-def test_token_batches_pad_far_less_than_random_sentence_batches(train_lengths):
-    src, tgt = train_lengths
-    token_padding = padding_fraction(list(TokenBucketBatchSampler(src, tgt, 4096)), src, tgt)
-    sentence_padding = padding_fraction(list(SentenceBatchSampler(len(src), 64)), src, tgt)
-    assert token_padding < 0.10 < sentence_padding
-
-
-def test_token_batches_reshuffle_each_epoch_reproducibly(train_lengths):
-    src, tgt = train_lengths
-    sampler = TokenBucketBatchSampler(src, tgt, 4096, seed=5)
-    first = list(sampler)
-    sampler.set_epoch(1)
-    second = list(sampler)
-    assert first != second
-    assert sorted(i for b in second for i in b) == list(range(len(src)))
-    assert list(TokenBucketBatchSampler(src, tgt, 4096, seed=5)) == first
-
-
-@pytest.mark.parametrize("num_replicas", [2, 3])
-@pytest.mark.parametrize("sampler_class", ["token", "sentence"])
-def test_processes_share_the_epoch_without_overlap(train_lengths, num_replicas, sampler_class):
-    src, tgt = train_lengths
-
-    def make(rank):
-        if sampler_class == "token":
-            return TokenBucketBatchSampler(src, tgt, 4096, seed=3, num_replicas=num_replicas, rank=rank)
-        return SentenceBatchSampler(len(src), 64, seed=3, num_replicas=num_replicas, rank=rank)
-
-    samplers = [make(rank) for rank in range(num_replicas)]
-    for sampler in samplers:
-        sampler.set_epoch(2)
-    per_rank = [list(sampler) for sampler in samplers]
-    assert len({len(sampler) for sampler in samplers}) == 1
-    assert [len(batches) for batches in per_rank] == [len(samplers[0])] * num_replicas
-    seen = [i for batches in per_rank for b in batches for i in b]
-    assert sorted(seen) == list(range(len(src)))
-    if sampler_class == "token":
-        assert max(batch_cost(b, src, tgt) for batches in per_rank for b in batches) <= 4096
-
-
-def test_batches_are_split_rather_than_repeated_to_even_out_ranks():
-    sampler = TokenBucketBatchSampler([5] * 9, [5] * 9, max_tokens=15, shuffle=False, num_replicas=2, rank=0)
-    assert len(sampler.all_batches()) == 3
-    ranks = [list(TokenBucketBatchSampler([5] * 9, [5] * 9, 15, shuffle=False, num_replicas=2, rank=r)) for r in (0, 1)]
-    assert len(ranks[0]) == len(ranks[1]) == 2
-    assert sorted(i for batches in ranks for b in batches for i in b) == list(range(9))
-
-
-def test_drop_last_gives_equal_counts_by_dropping_the_surplus():
-    ranks = [SentenceBatchSampler(10, 2, num_replicas=3, rank=r, drop_last=True) for r in range(3)]
-    assert [len(r) for r in ranks] == [1, 1, 1]
-
-
-def test_budget_smaller_than_longest_example_is_refused():
-    with pytest.raises(ValueError, match="max_tokens=10.*longest example \\(12 tokens\\)"):
-        TokenBucketBatchSampler([3, 12], [4, 5], max_tokens=10)
-
-
-def test_batch_sampler_feeds_a_dataloader(shipped_corpus, corpus_tokenizer):
-    raw = DatasetDict({name: shipped_corpus[name].select(range(64)) for name in ("train", "validation", "test")})
-    processed, _ = preprocess_corpus(raw, corpus_tokenizer, DataArguments())
-    sampler = make_batch_sampler(processed["train"], DataArguments(max_tokens=512), batch_size=8)
-    assert isinstance(sampler, TokenBucketBatchSampler)
-    src, tgt = sequence_lengths(processed["train"])
-    collator = make_collator(corpus_tokenizer)
-    loader = torch.utils.data.DataLoader(processed["train"], batch_sampler=sampler, collate_fn=collator)
-    sizes = [batch["input_ids"].shape for batch in loader]
-    assert sum(shape[0] for shape in sizes) == 64 and all(shape[0] * shape[1] <= 512 for shape in sizes)
-    assert isinstance(make_batch_sampler(processed["train"], DataArguments(max_tokens=0), batch_size=8), SentenceBatchSampler)
-    assert len(src) == len(tgt) == 64
-
-
-def test_padding_fraction_counts_source_and_target_padding():
-    assert padding_fraction([[0, 1]], [2, 4], [3, 3]) == pytest.approx(2 / 14)
-
-
-def test_samplers_work_under_accelerate_sharding():
-    from accelerate.data_loader import prepare_data_loader
-
-    lengths = [(i * 7) % 50 + 1 for i in range(1001)]
-    sampler = TokenBucketBatchSampler(lengths, lengths, max_tokens=200, seed=0)
-    loader = torch.utils.data.DataLoader(list(range(1001)), batch_sampler=sampler, collate_fn=lambda batch: batch)
-    shards = [prepare_data_loader(loader, num_processes=2, process_index=rank, put_on_device=False) for rank in (0, 1)]
-    for shard in shards:
-        shard.set_epoch(3)
-    per_process = [list(shard) for shard in shards]
-    assert sampler.epoch == 3
-    assert len(per_process[0]) == len(per_process[1])
-    assert {i for batches in per_process for batch in batches for i in batch} == set(range(1001))
 
 
 # ---------------------------------------------------------------------------------------------------- broken corpora

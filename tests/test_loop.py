@@ -1,5 +1,6 @@
 """loop.py: the training loop under real conditions: streaming, signals, non-finite losses, the schedule, the
-optimiser, the figures it measures. Runs of several processes are in test_distributed.py.
+optimiser, the figures it measures, and its pieces (what is due at step N). Tests reach into a run through the loop's
+public callback hook (`TrainingCallback`, `training_callbacks`). Runs of several processes are in test_distributed.py.
 """
 
 import json
@@ -12,12 +13,12 @@ import time
 
 import pytest
 import torch
-from batch_trace import traced_train_batch
+from batch_trace import BatchTrace
 from helpers import MODEL_CARD_TEMPLATE, REPO, fails_with, quick_flags, run_quick, run_tiny, tiny_run_flags
 from safetensors.torch import load_file
 
 from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
-from hf_scratch_transformer.training.loop import TrainingLoop
+from hf_scratch_transformer.training.loop import StepSchedule, TrainingCallback, training_callbacks
 from hf_scratch_transformer.training.run import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
@@ -29,13 +30,13 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on share
 def test_streaming_trains_checkpoints_and_resumes_exactly_in_one_process(tmp_path, monkeypatch):
     flags = dict(streaming=True, max_steps=6, save_steps=3, eval_steps=0, max_train_samples=24, max_tokens=0,
                  per_device_train_batch_size=8)  # 3 batches an epoch: the run crosses into a second one
-    monkeypatch.setattr(TrainingLoop, "_train_batch", traced_train_batch(tmp_path))
-    results = run_quick(tmp_path / "straight", **flags)
-    assert results["train_steps"] == 6 and results["train_samples"] is None
-    straight_trace = [json.loads(line) for line in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
-    (tmp_path / "rank-0.jsonl").unlink()
-    run_quick(tmp_path / "resumed", **{**flags, "max_steps": 3})
-    run_quick(tmp_path / "resumed", **flags, resume_from_checkpoint="latest")
+    with training_callbacks(BatchTrace(tmp_path)):
+        results = run_quick(tmp_path / "straight", **flags)
+        assert results["train_steps"] == 6 and results["train_samples"] is None
+        straight_trace = [json.loads(line) for line in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
+        (tmp_path / "rank-0.jsonl").unlink()
+        run_quick(tmp_path / "resumed", **{**flags, "max_steps": 3})
+        run_quick(tmp_path / "resumed", **flags, resume_from_checkpoint="latest")
     resumed_trace = [json.loads(line) for line in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
     assert [(row["epoch"], row["indices"]) for row in resumed_trace] == \
         [(row["epoch"], row["indices"]) for row in straight_trace]
@@ -96,32 +97,50 @@ def test_sigterm_mid_training_saves_a_checkpoint_and_resume_latest_continues(tmp
     assert loads and all(weights_only is True for weights_only in loads), loads
 
 
-def test_sigint_mid_training_saves_a_checkpoint_with_exit_130(tmp_path, capsys, monkeypatch):
-    real_loss = TrainingLoop._loss
+class SignalAt(TrainingCallback):
+    """Sends this process `signum` (a real signal, through the kernel) at the end of step `step`."""
 
-    def loss_then_ctrl_c(self, batch):
-        if self.state.global_step == 2:  # during step 3
-            os.kill(os.getpid(), signal.SIGINT)
-        return real_loss(self, batch)
+    def __init__(self, step: int, signum: int = signal.SIGINT):
+        self.step, self.signum = step, signum
 
-    monkeypatch.setattr(TrainingLoop, "_loss", loss_then_ctrl_c)
+    def on_step_end(self, loop) -> None:
+        if loop.state.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+class NanWeightsAt(TrainingCallback):
+    """Sets the shared embedding to NaN at the end of step `step` (0: before the first step): the next loss is NaN."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_begin(self, loop) -> None:
+        if self.step == 0:
+            self.poison(loop)
+
+    def on_step_end(self, loop) -> None:
+        if loop.state.global_step == self.step:
+            self.poison(loop)
+
+    @staticmethod
+    def poison(loop) -> None:
+        with torch.no_grad():
+            loop.model.get_input_embeddings().weight.fill_(float("nan"))
+
+
+def test_sigint_mid_training_saves_a_checkpoint_with_exit_130(tmp_path, capsys):
     handler_before = signal.getsignal(signal.SIGINT)  # SIG_IGN under nohup or a background job
-    message = fails_with(tiny_run_flags(tmp_path, max_steps=50, save_steps=0, eval_steps=0), capsys, code=130)
+    with training_callbacks(SignalAt(2)):  # after step 2: step 3 is being trained when it is seen
+        message = fails_with(tiny_run_flags(tmp_path, max_steps=50, save_steps=0, eval_steps=0), capsys, code=130)
     assert message == (f"interrupted: SIGINT received: checkpoint saved at step 3 in {tmp_path / 'checkpoint-3'}; "
                        "continue with --resume_from_checkpoint latest")
     assert json.loads((tmp_path / "checkpoint-3" / "run_state.json").read_text())["global_step"] == 3
     assert signal.getsignal(signal.SIGINT) == handler_before  # handlers are given back
 
 
-def test_non_finite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):
-    real_loss = TrainingLoop._loss
-
-    def nan_at_step_5(self, batch):
-        loss = real_loss(self, batch)
-        return loss * float("nan") if self.state.global_step == 4 else loss
-
-    monkeypatch.setattr(TrainingLoop, "_loss", nan_at_step_5)
-    message = fails_with(tiny_run_flags(tmp_path, max_steps=8, save_steps=2, eval_steps=0), capsys, code=1)
+def test_non_finite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
+    with training_callbacks(NanWeightsAt(4)):  # after checkpoint-4 is saved: the loss of step 5 is NaN
+        message = fails_with(tiny_run_flags(tmp_path, max_steps=8, save_steps=2, eval_steps=0), capsys, code=1)
     assert message.startswith("training stopped: loss became nan at step 5;")
     assert f"the last good checkpoint is {tmp_path / 'checkpoint-4'}" in message
     assert "--resume_from_checkpoint latest" in message
@@ -133,15 +152,14 @@ def test_non_finite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_p
     assert model.num_parameters() > 0
 
 
-def test_nan_advice_names_a_checkpoint_only_when_there_is_one(tmp_path, capsys, monkeypatch):
-    real_loss = TrainingLoop._loss
-    monkeypatch.setattr(TrainingLoop, "_loss", lambda self, batch: real_loss(self, batch) * float("nan"))
-    assert main(quick_flags(tmp_path, max_steps=4, save_steps=0), MODEL_CARD_TEMPLATE) == 1
+def test_nan_advice_names_a_checkpoint_only_when_there_is_one(tmp_path, capsys):
+    with training_callbacks(NanWeightsAt(0)):
+        assert main(quick_flags(tmp_path, max_steps=4, save_steps=0), MODEL_CARD_TEMPLATE) == 1
     message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith("training stopped: loss became nan at step 1;")
     assert "no checkpoint had been written yet" in message and "--overwrite_output_dir" in message
     assert "--resume_from_checkpoint" not in message
     # the advice works: the same command with --overwrite_output_dir starts again
-    monkeypatch.setattr(TrainingLoop, "_loss", real_loss)
     assert main(quick_flags(tmp_path, max_steps=2, save_steps=0, eval_steps=0, overwrite_output_dir=True),
                 MODEL_CARD_TEMPLATE) == 0
 
@@ -160,54 +178,61 @@ def test_a_decaying_schedule_reaches_zero_at_the_last_step(tmp_path, schedule):
     assert f"`{schedule}` decay" in (tmp_path / "README.md").read_text()
 
 
-def test_the_optimiser_is_fused(tmp_path, monkeypatch):
+def test_the_optimiser_is_fused(tmp_path):
+    class Optimiser(TrainingCallback):
+        def on_train_begin(self, loop):
+            seen["fused"] = loop.optimizer.optimizer.defaults["fused"]
+
     seen = {}
-    real_train = TrainingLoop.train
-
-    def record(self):
-        seen["fused"] = self.optimizer.optimizer.defaults["fused"]
-        return real_train(self)
-
-    monkeypatch.setattr(TrainingLoop, "train", record)
-    run_tiny(tmp_path, max_steps=2, save_steps=0, eval_steps=0, do_train=True)
+    with training_callbacks(Optimiser()):
+        run_tiny(tmp_path, max_steps=2, save_steps=0, eval_steps=0, do_train=True)
     assert seen["fused"] is True
 
 
-def test_tokens_per_second_counts_training_time_only(tmp_path, monkeypatch):
-    """A step trains at least 0.2 s; saving and validation, which fall between log lines, take 0.5 s more each.
-    The rate must count all the training time (at least 6 x 0.2 s: the old clock lost the part of a window before a
-    save) and none of the saving and validation time (measured here)."""
-    real_loss, real_save, real_validate, real_train = TrainingLoop._loss, TrainingLoop.save_checkpoint, TrainingLoop.validate, TrainingLoop.train
-    spent = {"paused": 0.0, "train": 0.0, "inside": False}
+class SlowTraining(TrainingCallback):
+    """Each batch trains 0.2 s longer; each checkpoint and validation during training takes 0.5 s more (`paused`
+    counts those)."""
 
-    def slow_loss(self, batch):
+    def __init__(self):
+        self.paused = 0.0
+
+    def on_batch_end(self, loop, indices, batch, loss):
         time.sleep(0.2)
-        return real_loss(self, batch)
 
-    def slow(real):
-        def wrapper(self, *args, **kwargs):
-            start = time.time()
-            time.sleep(0.5)
-            try:
-                return real(self, *args, **kwargs)
-            finally:
-                if spent["inside"]:  # the final validation comes after train()
-                    spent["paused"] += time.time() - start
-        return wrapper
+    def on_save(self, loop, checkpoint):
+        self.paused += 0.5
+        time.sleep(0.5)
 
-    def timed_train(self):
-        start, spent["inside"] = time.time(), True
-        try:
-            real_train(self)
-        finally:
-            spent["train"], spent["inside"] = time.time() - start, False
+    def on_evaluate(self, loop, row):
+        self.paused += 0.5
+        time.sleep(0.5)
 
-    monkeypatch.setattr(TrainingLoop, "_loss", slow_loss)
-    monkeypatch.setattr(TrainingLoop, "save_checkpoint", slow(real_save))
-    monkeypatch.setattr(TrainingLoop, "validate", slow(real_validate))
-    monkeypatch.setattr(TrainingLoop, "train", timed_train)
-    results = run_quick(tmp_path, max_steps=6, logging_steps=3, save_steps=1, eval_steps=1, max_tokens=256,
-                  max_train_samples=60)
+
+def test_tokens_per_second_counts_training_time_only(tmp_path):
+    """The rate must count all the training time (at least 6 x 0.2 s: the old clock lost the part of a window before
+    a save) and none of the time of saving and validating (at least 0.5 s each, out of the training phase's
+    runtime)."""
+    slow = SlowTraining()
+    with training_callbacks(slow):
+        results = run_quick(tmp_path, max_steps=6, logging_steps=3, save_steps=1, eval_steps=1, max_tokens=256,
+                            max_train_samples=60)
     seconds = results["train_tokens"] / results["train_tokens_per_second"]
+    assert slow.paused >= 11 * 0.5  # 6 checkpoints and 5 validations during training (the last step: after it)
     assert seconds >= 6 * 0.2 * 0.99, seconds
-    assert seconds <= spent["train"] - spent["paused"] + 0.1, (seconds, spent)
+    assert seconds <= results["train_runtime"] - slow.paused + 0.1, (seconds, results["train_runtime"], slow.paused)
+
+
+# ---------------------------------------------------------------------------------------------- what is due at step N
+
+
+def test_what_is_due_at_each_step():
+    schedule = StepSchedule(logging_steps=3, eval_steps=4, save_steps=5, total_steps=10, validate_last=False)
+    due = {step: schedule.at(step) for step in range(1, 11)}
+    assert [step for step, d in due.items() if d.log] == [3, 6, 9, 10]  # and the last step
+    assert [step for step, d in due.items() if d.validation] == [4, 8]  # the last one only for the best model
+    assert [step for step, d in due.items() if d.checkpoint] == [5, 10]
+    assert not due[1] and due[3] and due[4] and due[5]
+    best_model = StepSchedule(3, 4, 0, 10, validate_last=True)
+    assert [step for step in range(1, 11) if best_model.at(step).validation] == [4, 8, 10]
+    assert not any(best_model.at(step).checkpoint for step in range(1, 11))  # --save_steps 0
+    assert not any(StepSchedule(3, 0, 5, 10, True).at(step).validation for step in range(1, 11))  # --eval_steps 0

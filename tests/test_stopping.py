@@ -9,7 +9,8 @@ import torch
 from helpers import run_quick
 from safetensors.torch import load_file
 
-from hf_scratch_transformer.training.arguments import RunArguments, run_length
+from hf_scratch_transformer.training.arguments import RunArguments
+from hf_scratch_transformer.training.recipe import run_length
 from hf_scratch_transformer.training.evaluation import Evaluator
 from hf_scratch_transformer.training.stopping import StoppingRules
 

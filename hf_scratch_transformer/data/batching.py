@@ -1,20 +1,63 @@
-"""Training batches: fairseq-style token buckets or fixed sentence counts, sharded the same way over processes."""
+"""Training batches: fairseq-style token buckets or fixed sentence counts, for an in-memory split and for a streamed
+one, sharded the same way over processes.
 
+One packing rule (`pack`): a batch closes when one more pair would make batch size × its longest pair exceed the
+token budget (or holds a fixed number of pairs). One sharding rule (`rounds`): the batches form rounds of one batch
+per process, and batch k goes to process k % world_size. An in-memory split is sorted by length before packing (little
+padding), and its batch count is evened out over the processes (`shard_batches`). A streamed split is packed as it
+is read: its order is the stream's (shuffled within a buffer), since sorting would need the whole split, so its batches
+hold more padding; its length is unknown, so a last incomplete round is dropped (`stream_batches`). `TrainingBatches`
+gives one process its batches, epoch by epoch, for either kind.
+"""
+
+import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
+from typing import TypeVar
 
 import numpy as np
+import torch
 from datasets import Dataset
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from .loading import DataArguments
 from .preprocessing import sequence_lengths
 
+Item = TypeVar("Item")
+STREAM_SHUFFLE_BUFFER = 10_000  # examples in the shuffle buffer of a --streaming training split
+TRAINING_COLUMNS = ("input_ids", "attention_mask", "labels")
+
+
+def pack(items: Iterable[tuple[Item, int]], max_tokens: int, batch_size: int = 0) -> Iterator[list[Item]]:
+    """Greedy batches of (item, length) pairs, in the order given. With a token budget (`max_tokens` > 0) a batch
+    closes when one more pair would make batch size × the longest length in it exceed `max_tokens`; without one,
+    every `batch_size` pairs."""
+    batch, longest = [], 0
+    for item, length in items:
+        full = (len(batch) + 1) * max(longest, length) > max_tokens if max_tokens else len(batch) >= batch_size
+        if batch and full:
+            yield batch
+            batch, longest = [], 0
+        batch.append(item)
+        longest = max(longest, length)
+    if batch:
+        yield batch
+
+
+def rounds(batches: Iterable[Item], num_replicas: int) -> Iterator[list[Item]]:
+    """Consecutive rounds of `num_replicas` batches (batch k is in place k % num_replicas of its round); a last
+    incomplete round is dropped."""
+    round_ = []
+    for batch in batches:
+        round_.append(batch)
+        if len(round_) == num_replicas:
+            yield round_
+            round_ = []
 
 
 def shard_batches(batches: list[list[int]], num_replicas: int, rank: int, drop_last: bool) -> list[list[int]]:
-    """The batches of one process: every ``num_replicas``-th batch starting at ``rank``.
+    """The batches of one process: batch k goes to process k % ``num_replicas`` (see :func:`rounds`).
 
     To give every process the same number of batches (so DDP never waits on a process that ran out), the batch count
     is first made a multiple of ``num_replicas``: with ``drop_last`` the surplus batches are dropped; otherwise the
@@ -35,7 +78,25 @@ def shard_batches(batches: list[list[int]], num_replicas: int, rank: int, drop_l
                 batches.append(batches[repeat % len(batches)])
             else:
                 batches[largest : largest + 1] = [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
-    return batches[rank::num_replicas]
+    return [round_[rank] for round_ in rounds(batches, num_replicas)]
+
+
+def stream_batches(examples: Iterable[dict], max_tokens: int, batch_size: int, num_replicas: int = 1, rank: int = 0,
+                   skip_rounds: int = 0) -> Iterator[tuple[list[int], list[dict]]]:
+    """The batches of one process formed while reading a stream of tokenised pairs: (positions in the stream,
+    features) each. Every process reads the same stream and forms the same batches (:func:`pack`, in stream order:
+    a stream cannot be sorted by length); batch k goes to process k % num_replicas, and only whole rounds are kept
+    (:func:`rounds`), so every process takes the same number of steps. `skip_rounds` rounds are read and skipped
+    (resuming after them)."""
+    def pairs():
+        for position, example in enumerate(examples):
+            features = {key: example[key] for key in TRAINING_COLUMNS}
+            yield (position, features), max(len(features["input_ids"]), len(features["labels"]))
+
+    for number, round_ in enumerate(rounds(pack(pairs(), max_tokens, batch_size), num_replicas)):
+        if number >= skip_rounds:
+            positions, features = zip(*round_[rank])
+            yield list(positions), list(features)
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
@@ -74,9 +135,10 @@ class TokenBucketBatchSampler(ShardedBatchSampler):
 
     The cost of a batch is ``len(batch) * max(longest source, longest target)`` (the padded size of the larger side,
     ``</s>`` included) and never exceeds ``max_tokens``. Pairs are sorted by length with a seeded random tie-break,
-    packed greedily, and the batch order is shuffled with ``seed + epoch`` (call :meth:`set_epoch`). With several
-    processes every process builds the same batches and keeps its share (see :func:`shard_batches`): ``__len__`` is
-    equal on all ranks and, unless ``drop_last``, the union over ranks is the whole epoch without overlap.
+    packed greedily (:func:`pack`), and the batch order is shuffled with ``seed + epoch`` (call :meth:`set_epoch`).
+    With several processes every process builds the same batches and keeps its share (see :func:`shard_batches`):
+    ``__len__`` is equal on all ranks and, unless ``drop_last``, the union over ranks is the whole epoch without
+    overlap.
 
     Under Accelerate, either build it with ``num_replicas=accelerator.num_processes, rank=accelerator.process_index``
     and do not pass that DataLoader through ``accelerator.prepare`` (no example repeated), or build it with
@@ -124,25 +186,11 @@ class TokenBucketBatchSampler(ShardedBatchSampler):
         key = self.lengths[order].astype(np.int64) * (int(self.src_lengths.max(initial=0)) + 1) + \
             self.src_lengths[order]
         order = order[np.argsort(key, kind="stable")]
-        batches = _pack_sorted(order.tolist(), self.lengths[order].tolist(), self.max_tokens)
+        batches = list(pack(zip(order.tolist(), self.lengths[order].tolist()), self.max_tokens))
         if self.shuffle:
             rng.shuffle(batches)
         self._cache = (self.epoch, batches)
         return batches
-
-
-def _pack_sorted(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Greedy batches of the pairs `order` (sorted by non-decreasing `lengths`, aligned with it): a batch closes when
-    one more pair would make batch size x its longest pair exceed `max_tokens`."""
-    batches, batch = [], []
-    for index, length in zip(order, lengths):
-        if batch and (len(batch) + 1) * length > max_tokens:
-            batches.append(batch)
-            batch = []
-        batch.append(index)
-    if batch:
-        batches.append(batch)
-    return batches
 
 
 class SentenceBatchSampler(ShardedBatchSampler):
@@ -158,7 +206,7 @@ class SentenceBatchSampler(ShardedBatchSampler):
         order = list(range(self.num_examples))
         if self.shuffle:
             random.Random(self.seed + self.epoch).shuffle(order)
-        return [order[start : start + self.batch_size] for start in range(0, self.num_examples, self.batch_size)]
+        return list(pack(((index, 0) for index in order), 0, self.batch_size))
 
 
 def make_batch_sampler(
@@ -195,3 +243,52 @@ def padding_fraction(batches: Sequence[Sequence[int]], src_lengths: Sequence[int
         padded += int((np.maximum.reduceat(values, starts) * sizes).sum())
         real += int(values.sum())
     return 1 - real / padded if padded else 0.0
+
+
+class TrainingBatches:
+    """The training batches of one process (`rank` of `num_replicas`), epoch by epoch: an in-memory split through a
+    sharded batch sampler (:func:`make_batch_sampler`, reshuffled every epoch with `seed`), or a streamed split
+    shuffled with `seed` in a buffer of STREAM_SHUFFLE_BUFFER and packed as it is read (:func:`stream_batches`).
+    `collator` turns a list of features into a batch; if it has `set_epoch`, it is told the epoch first."""
+
+    def __init__(self, dataset, collator, data_args: DataArguments, batch_size: int, seed: int, num_replicas: int = 1,
+                 rank: int = 0, num_workers: int = 0):
+        self.dataset, self.collator, self.data_args, self.batch_size = dataset, collator, data_args, batch_size
+        self.seed, self.num_replicas, self.rank, self.num_workers = seed, num_replicas, rank, num_workers
+        self.sampler = None if data_args.streaming else make_batch_sampler(
+            dataset, data_args, batch_size, shuffle=True, seed=seed, num_replicas=num_replicas, rank=rank)
+        self.per_epoch = 0 if self.sampler is None else len(self.sampler)  # this process's; unknown when streamed
+
+    def steps_per_epoch(self, accumulation: int) -> int | None:
+        """Optimiser steps in an epoch of batches accumulated by `accumulation` (None when streamed: unknown)."""
+        return None if self.sampler is None else math.ceil(self.per_epoch / accumulation)
+
+    def epoch_fraction(self, epoch: int, done: int) -> float:
+        """Epochs done after `done` batches of epoch `epoch`; when streamed, the length of an epoch is unknown, so
+        only whole epochs count."""
+        return round(epoch + (done / self.per_epoch if self.per_epoch else 0.0), 3)
+
+    def padding_fraction(self) -> float | None:
+        """Padding in the batches of the current epoch (None when streamed)."""
+        if self.sampler is None:
+            return None
+        return round(padding_fraction(list(self.sampler), *sequence_lengths(self.dataset)), 4)
+
+    def epoch(self, epoch: int, done: int) -> Iterator[tuple[list[int], dict]]:
+        """(example indices, collated batch) of this process for the rest of epoch `epoch`, after the `done` batches
+        it already trained on; indices are positions in the (shuffled) stream when streamed."""
+        if hasattr(self.collator, "set_epoch"):
+            self.collator.set_epoch(epoch)
+        if self.sampler is None:
+            stream = self.dataset.shuffle(seed=self.seed, buffer_size=STREAM_SHUFFLE_BUFFER)
+            stream.set_epoch(epoch)
+            for positions, features in stream_batches(stream, self.data_args.max_tokens, self.batch_size,
+                                                      self.num_replicas, self.rank, skip_rounds=done):
+                yield positions, self.collator(features)
+            return
+        self.sampler.set_epoch(epoch)
+        batches = list(self.sampler)[done:]
+        # A private generator: creating the loader must not draw from the global RNG (exact resumption).
+        loader = DataLoader(self.dataset, batch_sampler=batches, collate_fn=self.collator,
+                            num_workers=self.num_workers, generator=torch.Generator())
+        yield from zip(batches, loader)

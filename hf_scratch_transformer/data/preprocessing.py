@@ -6,7 +6,7 @@ result), so a corpus of a million pairs is prepared in seconds once cached.
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -43,27 +43,6 @@ def evaluation_pairs(raw_split, args: DataArguments) -> tuple[list[str], list[st
     return [pair[args.source_lang] for pair in pairs], [pair[args.target_lang] for pair in pairs]
 
 
-def source_paraphrases(raw_train, tokenizer, source_lang: str) -> dict[str, list[str]]:
-    """{source sentence: its paraphrases} from the training split's optional ``paraphrases`` field (a dict
-    language -> list of other wordings of that side, as in the shipped corpus). The keys are the sentences as the
-    training collator decodes them from their token ids, so that it finds them. Empty for a streamed split or a
-    corpus without the field."""
-    if isinstance(raw_train, IterableDataset) or "paraphrases" not in (raw_train.column_names or []):
-        return {}
-    sources, alternatives = [], []
-    for example in raw_train.select_columns(["translation", "paraphrases"]):
-        found = [text for text in (example["paraphrases"] or {}).get(source_lang) or [] if text and text.strip()]
-        source = (example["translation"] or {}).get(source_lang)
-        if found and isinstance(source, str) and source.strip():
-            sources.append(source)
-            alternatives.append(found)
-    decoded = tokenizer.batch_decode(tokenizer(sources)["input_ids"], skip_special_tokens=True) if sources else []
-    paraphrases: dict[str, list[str]] = {}
-    for key, found in zip(decoded, alternatives):
-        paraphrases.setdefault(key, []).extend(text for text in found if text not in paraphrases.get(key, []))
-    return paraphrases
-
-
 @dataclass
 class TrainingData:
     """A run's tokenised, filtered splits (`datasets`, with what the filters dropped per split in `filter_report`)
@@ -75,7 +54,6 @@ class TrainingData:
     eval_references: list[str]
     test_sources: list[str]
     test_references: list[str]
-    source_paraphrases: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _pair_problems(translations: list, args: DataArguments, is_train: bool) -> list[int]:

@@ -6,6 +6,10 @@ are the config's own field names (`--d_model`, `--encoder_attention_heads`, `--d
 the `--model_name_or_path` model's: the defaults live in the config (`ScratchTransformerConfig`, `PRESETS`).
 Flags can also come from one JSON / YAML file anywhere among them: `train.py run.yaml --max_steps 5` (flags on the
 command line win over the file's).
+
+Parsing decides nothing: where a flag leaves a choice to the default recipe (the run length, the precision, a new
+model's normalisation and dropout, the augmentation's rates), recipe.py makes it, from the parsed flags, which it
+does not change.
 """
 
 import json
@@ -14,13 +18,22 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 import yaml
 from transformers import HfArgumentParser
 
 from ..configuration_scratch_transformer import DEFAULT_PRESET, PRESETS, ScratchTransformerConfig
-from ..cpu_threads import cpu_bf16_units
 from ..data.loading import DataArguments
+from .augmentation import AUGMENTATION_FLAGS
+from .recipe import (
+    BF16_CPU_STEP_BUDGET,
+    DEFAULT_AUGMENTATION,
+    DEFAULT_MAX_EPOCHS,
+    DEFAULT_PATIENCE,
+    DEFAULT_STEP_BUDGET,
+    MAX_AUTO_EVAL_STEPS,
+    MIN_AUTO_EVAL_STEPS,
+)
+from .stopping import BEST_MODEL_METRICS, best_model_metric
 from ..errors import UsageError, check_range
 from ..translation_core import DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B, DecodingOptions, InvalidOption
 
@@ -30,40 +43,6 @@ LR_SCHEDULERS = ("inverse_sqrt", "linear", "cosine", "constant_with_warmup")  # 
 SIZE_FIELDS = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
                "encoder_ffn_dim", "decoder_ffn_dim", "normalize_before", "max_position_embeddings")
 DROPOUT_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
-# The run-length rule (docs/training.md), when neither --max_steps nor --num_train_epochs is given: at most
-# DEFAULT_STEP_BUDGET optimiser steps (the default run's 30 minutes on 2 CPU cores: the small preset at 1,024-token
-# batches) and DEFAULT_MAX_EPOCHS epochs, with early stopping after DEFAULT_PATIENCE validations without a better
-# model; validation every two epochs, within [MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS] steps.
-DEFAULT_STEP_BUDGET = 3600
-# Precision (docs/training.md): a run that gives neither --bf16 nor --fp16 trains in bf16 mixed precision on a CPU
-# with bf16 matrix units, where that was measured to pay: AVX-512 BF16 (an AMD EPYC: 1.20x the training tokens/s in
-# whole runs, validation BLEU within a seed's noise of fp32 at the same steps) and AMX (an Intel Xeon: 1.15x per step
-# at 2 threads idle, 1.24x at 1 thread, 1.25x at 1 thread with the other core busy); in fp32 elsewhere, where bf16 is
-# emulated. bf16 on such a CPU gives the run-length rule 1.2x the steps in about the same time: 4,320 steps reached
-# validation BLEU 22.42 / 21.84 (seeds 42 / 7) where fp32's 3,600 had 21.31 / 21.38 on the EPYC, and 22.75 where
-# fp32's 3,600 had 20.48 on the Xeon (benchmarks/results/recipe_ablation.md, stage 4).
-BF16_CPU_STEP_BUDGET = 4320
-# ... for a new model at least this wide: the `tiny` preset (width 64) trained 0.76x as fast in bf16 on the EPYC and
-# 0.62x on the Xeon (casts outweigh its small matrix products); `small` (256) 1.27x / 1.15x and `base` (512) 1.75x /
-# 1.48x at 2 threads (benchmarks/results/cpu_precision*.md). A model given to --model_name_or_path keeps fp32 unless --bf16.
-BF16_CPU_MIN_WIDTH = 256
-DEFAULT_MAX_EPOCHS = 100
-DEFAULT_PATIENCE = 3
-MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS = 200, 2000
-# The learning rate decays linearly to 0 at the run's last step (--lr_scheduler_type): in the 3,600-step budget it
-# reached validation BLEU 18.34 / 18.68 (seeds 42 / 7) where inverse-sqrt had 18.76 only at step 4,000
-# (benchmarks/results/recipe_ablation.md, stage 4).
-# A new model is pre-norm unless --normalize_before false (the paper's post-norm): with the default learning rate of
-# 2e-3 it reached validation BLEU 18.76 at step 4,000 where post-norm at 1e-3 had 14.55, and post-norm at 2e-3 fell far
-# behind (benchmarks/results/recipe_ablation.md, stage 3). The config class keeps the paper's post-norm as its default.
-NEW_MODEL_NORMALIZE_BEFORE = True
-# A new model trains without dropout unless --dropout is given: in the 3,600-step budget it reached validation BLEU
-# 21.31 / 21.38 (seeds 42 / 7) where dropout 0.1 had 18.34 / 18.68 and 0.2 fell behind (stage 4); it also draws no masks.
-# The config class keeps the paper's 0.1, and a model fine-tuned with --model_name_or_path keeps its own rates.
-NEW_MODEL_DROPOUT = 0.0
-# Above this many epochs a run without dropout is outside what was measured and likely to overfit: say so at the start.
-NO_DROPOUT_EPOCHS_WARNING = 10
-BEST_MODEL_METRICS = {"bleu": True, "chrf": True, "loss": False}  # metric -> greater is better
 SHORTCUTS = {"attention_heads": ("encoder_attention_heads", "decoder_attention_heads"),
              "ffn_dim": ("encoder_ffn_dim", "decoder_ffn_dim")}
 
@@ -71,6 +50,13 @@ SHORTCUTS = {"attention_heads": ("encoder_attention_heads", "decoder_attention_h
 def _config_field(help_text: str):
     """A flag named as a ScratchTransformerConfig field; None (not given) leaves the preset's or model's value."""
     return field(default=None, metadata={"help": help_text})
+
+
+def _augmentation_flag(name: str, help_text: str):
+    """A rate of the training-time augmentation (augmentation.Augmentation); its default is the recipe's."""
+    default = getattr(DEFAULT_AUGMENTATION, name)
+    return field(default=default, metadata={"help": f"{help_text} Default: {default:g}, the recipe's "
+                                                    f"(docs/training.md); 0: off."})
 
 
 @dataclass
@@ -97,12 +83,13 @@ class ModelArguments:
     ffn_dim: int | None = _config_field(
         "Shortcut: --encoder_ffn_dim and --decoder_ffn_dim (each wins over it where given).")
     dropout: float | None = _config_field(
-        "Residual and embedding dropout (P_drop); a new model's default is 0, a loaded model keeps its own.")
+        "Residual and embedding dropout (P_drop); a new model's default is the recipe's (0), a loaded model keeps its "
+        "own.")
     attention_dropout: float | None = _config_field("Dropout on attention weights; the config's, or the model's.")
     activation_dropout: float | None = _config_field(
         "Dropout after the feed-forward ReLU; the config's, or the model's.")
     normalize_before: bool | None = field(  # `--normalize_before` alone means true
-        default=None, metadata={"help": "Pre-norm (true; a new model's default) or the paper's post-norm (false).",
+        default=None, metadata={"help": "Pre-norm (true; a new model's default in the recipe) or the paper's post-norm (false).",
                                 "nargs": "?", "const": True})
     max_position_embeddings: int | None = _config_field("Longest sequence the model accepts (the config's: 1024).")
 
@@ -118,14 +105,6 @@ class ModelArguments:
         """The dropout rates given on the command line (a fine-tuned model keeps its own otherwise)."""
         return {name: getattr(self, name) for name in DROPOUT_FIELDS if getattr(self, name) is not None}
 
-    def dropout_warning(self, length: "RunLength") -> str | None:
-        """A line to log when a new model gets the default no-dropout for a run of many epochs (a small corpus)."""
-        if self.model_name_or_path or self.dropout is not None or NEW_MODEL_DROPOUT or \
-                not length.epochs or length.epochs <= NO_DROPOUT_EPOCHS_WARNING:
-            return None
-        return (f"a new model trains without dropout by default (chosen for runs of a few epochs), and this run "
-                f"plans {length.epochs:.3g} epochs: on a small corpus give --dropout 0.1 or more")
-
     def given_sizes(self) -> dict:
         """The size fields given on the command line, shortcuts resolved (a side given explicitly wins)."""
         sizes = {}
@@ -140,11 +119,11 @@ class ModelArguments:
         --model_name_or_path model must already have."""
         return {**(PRESETS[self.preset] if self.preset is not None else {}), **self.given_sizes()}
 
-    def build_config(self, vocab_size: int) -> ScratchTransformerConfig:
-        """The preset's config (the config checks the name), then every field given; one line if invalid."""
+    def build_config(self, vocab_size: int, **defaults) -> ScratchTransformerConfig:
+        """The preset's config (the config checks the name), then `defaults` (a new model's: the recipe's
+        Recipe.new_model_config), then every field given; one line if invalid."""
         try:
-            settings = {"normalize_before": NEW_MODEL_NORMALIZE_BEFORE, "dropout": NEW_MODEL_DROPOUT,
-                        **self.given_sizes(), **self.dropout_overrides()}
+            settings = {**defaults, **self.given_sizes(), **self.dropout_overrides()}
             return ScratchTransformerConfig.from_preset(self.preset_name(), vocab_size=vocab_size, **settings)
         except ValueError as error:
             raise UsageError(f"invalid model size: {error}") from error
@@ -180,6 +159,8 @@ class RunArguments:
                                         "(default: yes with early stopping).", "nargs": "?", "const": True})
     learning_rate: float = field(default=2e-3, metadata={"help": "Peak learning rate, reached after warm-up."})
     warmup_steps: int = field(default=400, metadata={"help": "Linear warm-up steps, then --lr_scheduler_type's decay."})
+    # Linear decay to 0 at the run's last step: in the 3,600-step budget it reached validation BLEU 18.34 / 18.68
+    # (seeds 42 / 7) where inverse-sqrt had 18.76 only at step 4,000 (benchmarks/results/recipe_ablation.md, stage 4).
     lr_scheduler_type: str = field(
         default="linear",
         metadata={"help": "Decay after warm-up: linear (default) or cosine, both to 0 at the last step; inverse_sqrt "
@@ -189,28 +170,24 @@ class RunArguments:
     adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam ε (paper: 1e-9)."})
     weight_decay: float = field(default=0.0, metadata={"help": "Decoupled weight decay (AdamW) if > 0."})
     label_smoothing_factor: float = field(default=0.1, metadata={"help": "Label smoothing ε_ls (paper: 0.1)."})
-    bpe_dropout: float = field(
-        default=0.0, metadata={"help": "BPE-dropout rate of the training batches (subword regularisation, "
-                                       "resampled every epoch, seeded); evaluation and the saved tokenizer never use "
-                                       "it. 0: off."})
-    source_lowercase_rate: float = field(
-        default=0.05, metadata={"help": "Share of training source sentences lower-cased (drawn anew every epoch, "
-                                        "seeded), so that the model translates lower-case input too: 0.05 cost "
-                                        "nothing on the shipped corpus's test split and lifted its style-shifted "
-                                        "copy (docs/training.md). 0: off."})
-    source_paraphrase_rate: float = field(
-        default=0.5, metadata={"help": "Share of training pairs whose source sentence is replaced by one of its "
-                                       "paraphrases, where the corpus gives them (a `paraphrases` field; the shipped "
-                                       "corpus: the King James Version of the English verses), drawn anew every "
-                                       "epoch, seeded (docs/training.md). 0: off."})
-    source_plain_quotes_rate: float = field(
-        default=0.5, metadata={"help": "Share of training source sentences with typographic quotes or apostrophes "
-                                       "(‘ ’ “ ”) that get plain ones (' \"), as keyboards type them (drawn anew every "
-                                       "epoch, seeded). 0: off."})
-    source_typo_rate: float = field(
-        default=0.0, metadata={"help": "Share of training source words (four letters or more) given one typo: two "
-                                       "inner letters swapped, one dropped or one doubled (drawn anew every epoch, "
-                                       "seeded). 0: off."})
+    bpe_dropout: float = _augmentation_flag(
+        "bpe_dropout", "BPE-dropout rate of the training batches (subword regularisation, resampled every epoch, "
+                       "seeded); evaluation and the saved tokenizer never use it.")
+    source_lowercase_rate: float = _augmentation_flag(
+        "source_lowercase_rate", "Share of training source sentences lower-cased (drawn anew every epoch, seeded), so "
+                                 "that the model translates lower-case input too.")
+    source_paraphrase_rate: float = _augmentation_flag(
+        "source_paraphrase_rate", "Share of training pairs whose source sentence is replaced by one of its "
+                                  "paraphrases, where the corpus gives them (a `paraphrases` field; the shipped "
+                                  "corpus: the King James Version of the English verses), drawn anew every epoch, "
+                                  "seeded.")
+    source_plain_quotes_rate: float = _augmentation_flag(
+        "source_plain_quotes_rate", "Share of training source sentences with typographic quotes or apostrophes "
+                                    "(‘ ’ “ ”) that get plain ones (' \"), as keyboards type them (drawn anew every "
+                                    "epoch, seeded).")
+    source_typo_rate: float = _augmentation_flag(
+        "source_typo_rate", "Share of training source words (four letters or more) given one typo: two inner letters "
+                            "swapped, one dropped or one doubled (drawn anew every epoch, seeded).")
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0: off)."})
     per_device_train_batch_size: int = field(default=64, metadata={"help": "Sentences per batch without --max_tokens."})
     per_device_eval_batch_size: int = field(default=64, metadata={"help": "Sentences per evaluation batch."})
@@ -250,9 +227,9 @@ class RunArguments:
         default=False, metadata={"help": "Translate the test split: generated_predictions.txt, test BLEU and chrF."})
     report_to: str = field(default="tensorboard", metadata={"help": "Accelerate tracker(s), comma-separated, or none."})
     bf16: bool | None = field(  # `--bf16` alone means true
-        default=None, metadata={"help": "bf16 mixed precision (default: when training a new model on a CPU with "
-                                        "AVX-512 BF16 or AMX, where it was measured to pay, unless --fp16; else off).", "nargs": "?",
-                                "const": True})
+        default=None, metadata={"help": "bf16 mixed precision (default: the recipe's, bf16 when training a new "
+                                        "model on a CPU with AVX-512 BF16 or AMX, where it was measured to pay, "
+                                        "unless --fp16; else off).", "nargs": "?", "const": True})
     fp16: bool = field(default=False, metadata={"help": "fp16 mixed precision (GPU)."})
     torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
     dataloader_num_workers: int = field(default=0, metadata={"help": "Worker processes for batch collation."})
@@ -264,7 +241,7 @@ class RunArguments:
     hub_token: str | None = field(default=None, metadata={"help": "Hub token (default: HF_TOKEN or stored login)."})
     hub_private_repo: bool = field(default=False, metadata={"help": "Create the hub repository as private."})
     cpu_threads: int = field(
-        default=0, metadata={"help": "Torch threads per process on CPU (0: the CPUs available / local processes)."}
+        default=0, metadata={"help": "Torch threads per process on CPU: 0 measures and adapts them to the load (up to the CPUs available to each local process); N pins N, and the run then repeats bit for bit."}
     )
     ddp_timeout: int = field(
         default=1800,
@@ -295,110 +272,6 @@ class RunArguments:
         if not (self.do_train or self.do_eval or self.do_predict):  # run_translation.py needs them; here: all three
             self.do_train = self.do_eval = self.do_predict = True
 
-
-
-# ------------------------------------------------------------------------------------------------ the run length
-
-
-@dataclass
-class RunLength:
-    """How long a run trains, how often it validates and when it stops early, once the epoch's length is known."""
-
-    total_steps: int
-    eval_steps: int
-    patience: int  # validations without a better model before stopping; 0: never
-    load_best: bool
-    steps_per_epoch: int | None  # optimiser steps; None when streamed
-    source: str  # "max_steps", "epochs" or "rule"
-    metric: str
-    greater_is_better: bool
-    step_budget: int = DEFAULT_STEP_BUDGET  # the run-length rule's most steps (step_budget())
-
-    @property
-    def epochs(self) -> float | None:
-        """Planned epochs over the training split; None when streamed."""
-        return self.total_steps / self.steps_per_epoch if self.steps_per_epoch else None
-
-    def describe(self) -> str:
-        """One log line: steps, why that many, validation and stopping."""
-        epochs = f" ({self.epochs:.3g} epochs of {self.steps_per_epoch:,} steps)" if self.steps_per_epoch else ""
-        why = {"max_steps": "--max_steps", "epochs": "--num_train_epochs",
-               "rule": f"the run-length rule: at most {self.step_budget:,} steps and {DEFAULT_MAX_EPOCHS} epochs, "
-                       f"since neither --max_steps nor --num_train_epochs was given"}[self.source]
-        validation = f"validation every {self.eval_steps:,} steps" if self.eval_steps else "validation at the end"
-        stopping = (f"early stopping after {self.patience} validations without a better validation {self.metric}"
-                    if self.patience else "no early stopping")
-        kept = "the best validated model is saved" if self.load_best else "the last step's model is saved"
-        return f"training for {self.total_steps:,} steps{epochs} ({why}); {validation}; {stopping}; {kept}"
-
-
-def run_length(args: RunArguments, steps_per_epoch: int | None,
-               budget: int = DEFAULT_STEP_BUDGET) -> RunLength:
-    """The run length of `args` for an epoch of `steps_per_epoch` optimiser steps (None: a streamed corpus), with
-    at most `budget` steps under the run-length rule (step_budget())."""
-    if args.max_steps > 0:
-        total, source = args.max_steps, "max_steps"
-    elif args.num_train_epochs is not None and steps_per_epoch:
-        total, source = math.ceil(args.num_train_epochs * steps_per_epoch), "epochs"
-    else:
-        total, source = budget, "rule"
-        if steps_per_epoch:
-            total = min(total, DEFAULT_MAX_EPOCHS * steps_per_epoch)
-    eval_steps = args.eval_steps
-    if eval_steps is None:
-        eval_steps = (min(MAX_AUTO_EVAL_STEPS, max(MIN_AUTO_EVAL_STEPS, 2 * steps_per_epoch)) if steps_per_epoch
-                      else MAX_AUTO_EVAL_STEPS)
-    patience = args.early_stopping_patience
-    if patience is None:
-        patience = DEFAULT_PATIENCE if source == "rule" and eval_steps else 0
-    load_best = args.load_best_model_at_end if args.load_best_model_at_end is not None else patience > 0
-    metric = best_model_metric(args)
-    return RunLength(total, eval_steps, patience, load_best, steps_per_epoch, source, metric,
-                     BEST_MODEL_METRICS[metric], budget)
-
-
-# ------------------------------------------------------------------------------------------------- the precision
-
-
-def bf16_pays_on(device: torch.device) -> bool:
-    """Whether bf16 mixed precision was measured to make a training step cheaper at equal BLEU on `device`: a CPU
-    with bf16 matrix units, AVX-512 BF16 or AMX (see BF16_CPU_STEP_BUDGET)."""
-    return device.type == "cpu" and cpu_bf16_units() is not None
-
-
-def choose_precision(args: RunArguments, device: torch.device, new_model_width: int | None) -> str | None:
-    """Settles --bf16 when it was not given: on for training a new model at least BF16_CPU_MIN_WIDTH wide (None: a
-    model given to --model_name_or_path) where bf16_pays_on(device) and --fp16 was not given, else off (evaluation
-    decodes in fp32 anyway). Returns a line to log when bf16 was chosen that way."""
-    if args.bf16 is not None:
-        return None
-    wide_enough = new_model_width is not None and new_model_width >= BF16_CPU_MIN_WIDTH
-    args.bf16 = args.do_train and not args.fp16 and wide_enough and bf16_pays_on(device)
-    if not args.bf16:
-        return None
-    units = cpu_bf16_units()
-    line = (f"bf16 mixed precision: this CPU has {units}, where bf16 trains 1.15-1.2x faster at the same BLEU (so the "
-            f"run-length rule allows {BF16_CPU_STEP_BUDGET:,} steps); --bf16 false trains in fp32")
-    if units == "AMX" and not args.cpu_threads:  # oneDNN's AMX kernels split their sums by thread count
-        line += ("; on AMX the weights depend on the thread count, which this run adapts to the load, so it is not "
-                 "reproducible bit for bit: --cpu_threads N (or --bf16 false) is")
-    return line
-
-
-def step_budget(args: RunArguments, device: torch.device) -> int:
-    """The run-length rule's most steps: BF16_CPU_STEP_BUDGET in bf16 where bf16_pays_on(device), else
-    DEFAULT_STEP_BUDGET (the same time on 2 CPU cores)."""
-    return BF16_CPU_STEP_BUDGET if args.bf16 and bf16_pays_on(device) else DEFAULT_STEP_BUDGET
-
-
-def precision(args: RunArguments) -> str:
-    """The run's precision once settled (choose_precision): "bf16", "fp16" or "fp32"."""
-    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-
-
-def best_model_metric(args: RunArguments) -> str:
-    """--metric_for_best_model without transformers' optional `eval_` prefix."""
-    return args.metric_for_best_model.removeprefix("eval_")
 
 
 # ---------------------------------------------------------------------------------------------------- parsing
@@ -483,9 +356,8 @@ RUN_RANGES = [
     ("learning_rate", 0, math.inf, {"low_ok": False}), ("warmup_steps", 0, math.inf),
     ("adam_beta1", 0, 1, {"high_ok": False}), ("adam_beta2", 0, 1, {"high_ok": False}),
     ("adam_epsilon", 0, math.inf, {"low_ok": False}), ("weight_decay", 0, math.inf),
-    ("label_smoothing_factor", 0, 1, {"high_ok": False}), ("bpe_dropout", 0, 1, {"high_ok": False}),
-    ("source_lowercase_rate", 0, 1, {"high_ok": False}),
-    ("source_paraphrase_rate", 0, 1, {"high_ok": False}), ("source_plain_quotes_rate", 0, 1, {"high_ok": False}), ("source_typo_rate", 0, 1, {"high_ok": False}),
+    ("label_smoothing_factor", 0, 1, {"high_ok": False}),
+    *((name, 0, 1, {"high_ok": False}) for name in AUGMENTATION_FLAGS),
     ("max_grad_norm", 0, math.inf), ("eval_steps", 0, math.inf), ("early_stopping_patience", 0, math.inf),
     ("max_train_minutes", 0, math.inf), ("save_steps", 0, math.inf), ("save_total_limit", 1, math.inf),
     ("cpu_threads", 0, math.inf), ("ddp_timeout", 1, math.inf), ("dataloader_num_workers", 0, math.inf),

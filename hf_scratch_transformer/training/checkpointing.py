@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from ..data.corpus_files import CorpusError, resolve_corpus_files
 from ..errors import UsageError
+from .augmentation import AUGMENTATION_FLAGS
 from .run_directory import RUN_STATE_FILE, list_checkpoints
 
 logger = logging.getLogger("hf_scratch_transformer")
@@ -45,12 +46,13 @@ class RunState:
     stop_reason: str | None = None
 
 
-# What a resumed run must keep: the schedule (restored from the checkpoint) and the batch order and position; the
-# precision too, which sets the run-length rule's steps on a CPU (arguments.step_budget).
+# What a resumed run must keep: the schedule (restored from the checkpoint) and the batch order and position, the
+# augmentation's draws (augmentation.Augmentation) and the recipe's precision, which sets the run-length rule's steps on
+# a CPU (Recipe.step_budget).
 RESUME_SETTINGS = {"args": ("learning_rate", "warmup_steps", "lr_scheduler_type", "seed", "per_device_train_batch_size",
-                            "gradient_accumulation_steps", "bpe_dropout", "source_lowercase_rate",
-                            "source_paraphrase_rate", "source_plain_quotes_rate", "source_typo_rate",
-                            "metric_for_best_model", "bf16", "fp16"),
+                            "gradient_accumulation_steps", "metric_for_best_model"),
+                   "augmentation": AUGMENTATION_FLAGS,
+                   "recipe": ("bf16", "fp16"),
                    "data_args": ("dataset_name", "dataset_config_name", "train_file", "max_train_samples", "streaming",
                                  "source_lang", "target_lang", "max_source_length", "max_target_length",
                                  "max_length_ratio", "max_tokens")}
@@ -59,10 +61,13 @@ ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "encoder_layers", "decoder_layer
                        "max_position_embeddings", "share_encoder_decoder_embeddings", "tie_word_embeddings")
 
 
-def resume_settings(args, data_args) -> dict:
-    """The values of RESUME_SETTINGS in this run's RunArguments and DataArguments."""
-    sources = {"args": args, "data_args": data_args}
-    return {name: getattr(sources[group], name) for group, names in RESUME_SETTINGS.items() for name in names}
+def resume_settings(args, data_args, recipe) -> dict:
+    """The values of RESUME_SETTINGS in this run's RunArguments, augmentation (the recipe's), precision (the recipe's:
+    `bf16` and `fp16` as booleans, as the flags once held them) and DataArguments."""
+    precision = {"bf16": recipe.precision == "bf16", "fp16": recipe.precision == "fp16"}
+    sources = {"args": vars(args), "augmentation": recipe.augmentation.settings(), "recipe": precision,
+               "data_args": vars(data_args)}
+    return {name: sources[group][name] for group, names in RESUME_SETTINGS.items() for name in names}
 
 
 def read_run_state(checkpoint: Path) -> RunState:
@@ -78,12 +83,12 @@ def read_run_state(checkpoint: Path) -> RunState:
 # ------------------------------------------------------------------------------------------------ resume checks
 
 
-def check_resume(checkpoint: Path, args, data_args, world_size: int) -> None:
+def check_resume(checkpoint: Path, args, data_args, recipe, world_size: int) -> None:
     """Before any work: the resumed run must be the same run (number of processes, RESUME_SETTINGS) and not end
     before the checkpoint's step (--max_steps)."""
     saved = read_run_state(checkpoint)
     check_world_size(checkpoint, saved.world_size, world_size)
-    check_same_settings(checkpoint, saved.settings, resume_settings(args, data_args))
+    check_same_settings(checkpoint, saved.settings, resume_settings(args, data_args, recipe))
     if args.max_steps > 0:
         check_run_length(checkpoint, saved.global_step, args.max_steps)
 

@@ -1,6 +1,8 @@
-"""Several processes, on one machine or on several: the process-group timeout (--ddp_timeout), processes other than
-the main one kept quiet, checkpoints written by the main process alone, and a watch that names the process that was
-lost when a collective operation (all-reduce, barrier) fails.
+"""Launching and several processes, on one machine or on several: how many processes were launched (refusing
+launches that would not give them), Accelerate started for them (`start_accelerator`), the process-group timeout
+(--ddp_timeout), agreement between processes (`agree`, `any_process`), processes other than the main one kept quiet,
+checkpoints written by the main process alone, and a watch that names the process that was lost when a collective
+operation (all-reduce, barrier) fails.
 
 Rank 0 (the global main process) is the only writer of the output directory and the only one to print results;
 the other processes read what it wrote (the staged tokenizer, the checkpoints to resume), so on several machines the
@@ -18,19 +20,22 @@ import time
 import uuid
 import warnings
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import datasets
 import torch
 import transformers
-from accelerate import PartialState
+from accelerate import Accelerator, PartialState
 from accelerate.checkpointing import save_accelerator_state
+from accelerate.state import AcceleratorState, is_initialized
 from accelerate.utils import RNG_STATE_NAME, broadcast_object_list, gather_object
 
 from ..errors import TrainingFault, UsageError
 
 logger = logging.getLogger("hf_scratch_transformer")
 RANK_VARIABLES = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
+WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 HEARTBEAT_SECONDS = 1.0  # how often each process says it is alive
 SILENT_SECONDS = 5.0  # a process whose heartbeat has not moved for this long is counted as lost
 STORE_SECONDS = 10.0  # the longest wait for one answer of the launcher's key-value store
@@ -42,6 +47,94 @@ GLOO_ERROR_MARKER = "gloo/transport/"
 def launched_rank() -> int:
     """This process's global rank as the launcher set it (0 without a launcher), readable before Accelerate starts."""
     return next((int(os.environ[name]) for name in RANK_VARIABLES if os.environ.get(name)), 0)
+
+
+def launched_world_size() -> int:
+    """How many processes the launcher started; refuses launches that would not give them (or FSDP on CPU).
+
+    accelerate 1.15 starts several processes through torchrun (`--multi_gpu`, or `distributed_type: MULTI_GPU`),
+    which also works without GPUs (gloo). `--cpu --num_processes N` and `distributed_type: MULTI_CPU` go to its
+    "simple" launcher instead, which starts ONE process and expects mpirun to start the others.
+    """
+    world_size = next((int(os.environ[name]) for name in WORLD_SIZE_VARIABLES if os.environ.get(name)), 1)
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
+        raise UsageError(
+            "FSDP is not supported by train.py: validation, test decoding and saving run on the main process and "
+            "need the whole model, which FSDP shards; use DDP instead (configs/accelerate/multi_gpu.yaml on GPUs, "
+            "configs/accelerate/cpu_2proc.yaml on CPUs)")
+    cpu_launch = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+    if world_size == 1 and cpu_launch and os.environ.get("MASTER_PORT") and "LOCAL_RANK" not in os.environ:
+        raise UsageError(
+            "`accelerate launch --cpu --num_processes N` (and distributed_type: MULTI_CPU) starts only one process "
+            "in accelerate 1.15 unless mpirun starts the others: use `accelerate launch --multi_gpu --num_processes "
+            "N --num_machines 1 train.py ...` (gloo on CPUs) or --config_file configs/accelerate/cpu_2proc.yaml")
+    return world_size
+
+
+def join_processes(timeout_seconds: int) -> PartialState:
+    """The launched processes joined (one alone: nothing to join), before Accelerate's precision is fixed: its
+    `device` is where this process trains (the recipe's precision depends on it). On a machine without GPUs a
+    torchrun-style launch gives one CPU process per rank over gloo (MULTI_CPU)."""
+    world_size = launched_world_size()
+    cpu = world_size > 1 and not torch.cuda.is_available()
+    if world_size > 1:
+        start_process_group(cpu, timeout_seconds)
+    return PartialState(cpu=cpu)
+
+
+def trackers(args) -> list[str]:
+    """The Accelerate trackers of --report_to ("none": no tracker)."""
+    return [name.strip() for name in args.report_to.split(",") if name.strip() not in ("", "none")]
+
+
+def start_accelerator(args, output_dir: Path, precision: str) -> Accelerator:
+    """Accelerate for the launched processes (refused if it does not join them all; collectives wait at most
+    --ddp_timeout seconds, and a heartbeat lets a failed one name the lost process); on a CPU, every core used.
+
+    `precision` is the recipe's. Accelerate keeps one mixed precision per process (a process-wide state that only
+    private methods reset), so Accelerate runs in fp32 for fp32 and bf16 alike, and the training loop applies bf16
+    autocast itself (the `torch.autocast` Accelerate would put on the model's forward): runs of both precisions can
+    follow each other in one process (a notebook, the tests). fp16 needs Accelerate's gradient scaler and stays
+    Accelerate's; a process that trained in fp16 is refused another precision with one line."""
+    from .run_directory import staging_folder  # run_directory imports this module
+
+    world_size = launched_world_size()
+    join_processes(args.ddp_timeout)  # done already when the recipe read the device: PartialState is one per process
+    cpu = world_size > 1 and not torch.cuda.is_available()
+    mixed_precision = "fp16" if precision == "fp16" else "no"
+    if is_initialized() and AcceleratorState().mixed_precision != mixed_precision:
+        raise UsageError(f"this Python process already trained in {AcceleratorState().mixed_precision}, and "
+                         f"Accelerate keeps one mixed precision per process: run train.py in a new process for a run "
+                         f"in {precision}")
+    accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps,
+                              mixed_precision=mixed_precision, log_with=trackers(args) or None,
+                              project_dir=str(output_dir), cpu=cpu)
+    if accelerator.num_processes != world_size:
+        raise UsageError(
+            f"{world_size} processes were launched but Accelerate joined {accelerator.num_processes} of "
+            f"them: they would race in one --output_dir; launch with `accelerate launch --multi_gpu "
+            f"--num_processes {world_size} --num_machines 1` (see README, Several processes)")
+    quiet_other_processes(accelerator)
+    check_shared_output_dir(accelerator, output_dir, partial(staging_folder, what="the shared-directory check"))
+    watch_processes(accelerator)
+    return accelerator
+
+
+def agree(accelerator, flag: bool) -> bool:
+    """The main process's `flag`, on every process (the others' flags are ignored): what it decides (the best model,
+    early stopping, the time budget) all of them do at the same step."""
+    if accelerator.num_processes == 1:
+        return flag
+    value = torch.tensor(float(flag and accelerator.is_main_process), device=accelerator.device)
+    return bool(accelerator.reduce(value, "sum").item() > 0)
+
+
+def any_process(accelerator, flag: bool) -> bool:
+    """Whether `flag` holds on any process (a signal that reached one of them), on every process."""
+    if accelerator.num_processes == 1:
+        return flag
+    value = torch.tensor(float(flag), device=accelerator.device)
+    return bool(accelerator.reduce(value, "sum").item() > 0)
 
 
 def start_process_group(cpu: bool, timeout_seconds: int) -> None:

@@ -25,9 +25,10 @@ METRICS_DIR = Path(__file__).resolve().parents[1] / "metrics"  # shipped inside 
 
 @contextmanager
 def as_saved(model):
-    """`model` (unwrapped) as it is saved and as users load it: in fp32, without the mixed-precision autocast wrapper
-    that Accelerate puts on its `forward` for training (an instance attribute beside `_original_forward`), put back
-    after. So --bf16 / --fp16 runs validate and score their test split as the saved weights translate."""
+    """`model` (unwrapped) as it is saved and as users load it: in fp32, without the fp16 autocast wrapper that
+    Accelerate puts on its `forward` for --fp16 training (an instance attribute beside `_original_forward`), put back
+    after. So --fp16 runs validate and score their test split as the saved weights translate (--bf16's autocast is
+    the training loop's own, around its forward only)."""
     wrapped = model.__dict__.get("forward") if "_original_forward" in model.__dict__ else None
     if wrapped is not None:
         del model.forward  # the class's forward: the saved model's

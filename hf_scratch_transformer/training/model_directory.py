@@ -15,7 +15,6 @@ import torch
 import transformers
 from huggingface_hub import HfApi
 
-from .arguments import precision
 from ..cpu_threads import cpu_bf16_units, cpu_model_and_flags
 from ..data.loading import SHIPPED_DATASET_ID
 from ..errors import TrainingFault
@@ -101,10 +100,10 @@ def save_model(output_dir: Path, model, tokenizer, files: dict[str, str], histor
 # ------------------------------------------------------------------------------------------------- the model card
 
 
-def model_card(template: str | Path, *, model, model_args, data_args, args, results: dict, state, data,
+def model_card(template: str | Path, *, model, model_args, data_args, args, recipe, results: dict, state, data,
                predictions: list[str] | None, hardware: str, output_dir: Path) -> str:
-    """The model card of a run: the template filled with its corpus, sizes, recipe, measured figures and five
-    sample translations. `data` is the run's TrainingData (splits, filter report, evaluation pairs)."""
+    """The model card of a run: the template filled with its corpus, sizes, recipe (recipe.Recipe), measured figures
+    and five sample translations. `data` is the run's TrainingData (splits, filter report, evaluation pairs)."""
     config = model.config
     dataset_name, description, shipped = _dataset_facts(data_args)
     samples = [{"source": _table_cell(s), "reference": _table_cell(r), "prediction": _table_cell(p)}
@@ -121,12 +120,12 @@ def model_card(template: str | Path, *, model, model_args, data_args, args, resu
         lr_scheduler=args.lr_scheduler_type, label_smoothing=args.label_smoothing_factor,
         dropout=(f"{config.dropout} (attention {config.attention_dropout}, after the feed-forward activation "
                  f"{config.activation_dropout})"),
-        training_noise=_training_noise(args),
+        training_noise=recipe.augmentation.describe(), recipe="; ".join(recipe.lines()),
         final_weights=_final_weights(results), training_end=results.get("stop_detail") or "not recorded",
         decoding=_decoding(args), max_grad_norm=args.max_grad_norm, batching=_batching(data_args, args),
         steps=state.global_step,
         epochs=round(results.get("epoch", state.epoch), 2), train_tokens=f"{state.train_tokens:,}",
-        hardware=hardware, precision=_precision(args), train_time=f"{results['train_runtime'] / 60:.1f} minutes",
+        hardware=hardware, precision=_precision(recipe), train_time=f"{results['train_runtime'] / 60:.1f} minutes",
         software=(f"hf-scratch-transformer, PyTorch {torch.__version__}, transformers {transformers.__version__}, "
                   f"Python {platform.python_version()}"),
         sample_translations=samples, decoding_for_samples=f"beam {args.num_beams}",
@@ -137,20 +136,8 @@ def model_card(template: str | Path, *, model, model_args, data_args, args, resu
     )
 
 
-def _precision(args) -> str:
-    return "fp32" if precision(args) == "fp32" else f"{precision(args)} mixed precision"
-
-
-def _training_noise(args) -> str:
-    noise = [f"{args.source_paraphrase_rate:.0%} of the source sentences with a paraphrase in the corpus replaced by "
-             f"it"] if args.source_paraphrase_rate else []
-    noise += [f"plain quotes in {args.source_plain_quotes_rate:.0%} of the source sentences with typographic ones"
-              ] if args.source_plain_quotes_rate else []
-    noise += [f"{args.source_lowercase_rate:.0%} of the source sentences lower-cased"
-              ] if args.source_lowercase_rate else []
-    noise += [f"typos in {args.source_typo_rate:.0%} of the source words"] if args.source_typo_rate else []
-    noise += [f"BPE-dropout {args.bpe_dropout}"] if args.bpe_dropout else []
-    return ", ".join(noise) + " (redrawn every epoch)" if noise else "none"
+def _precision(recipe) -> str:
+    return "fp32" if recipe.precision == "fp32" else f"{recipe.precision} mixed precision"
 
 
 def _final_weights(results: dict) -> str:

@@ -3,10 +3,11 @@
 `run_training` reads as the data flow: corpus -> joint BPE tokenizer -> tokenised, filtered splits -> model ->
 training (Adam + warm-up schedule + label smoothing, periodic validation and checkpoints) -> validation and test
 (BLEU, chrF; greedy and beam search) -> a Hub-format output directory with a model card -> optionally the hub.
-Each step's machinery lives in its own module: `arguments` (flags and their checks), `data` (corpus, preprocessing,
-batches), `tokenization`, `loop` (Accelerate and the training loop), `evaluation`, `run_directory` (the output
-directory: lock, checks, checkpoints, staging, write faults), `checkpointing` (resuming) and `model_directory` (the
-Hub-format model and the hub).
+Each step's machinery lives in its own module: `arguments` (flags and their checks), `recipe` (the default recipe,
+resolved from the flags and the machine), `data` (corpus, tokenizer, preprocessing, batches), `augmentation`
+(training-time noise), `distributed` (launching, Accelerate, several processes), `loop` (the training loop),
+`evaluation`, `run_directory` (the output directory: lock, checks, checkpoints, staging, write faults),
+`checkpointing` (resuming) and `model_directory` (the Hub-format model and the hub).
 """
 
 import json
@@ -24,6 +25,7 @@ from datasets import Dataset, IterableDataset
 from transformers import AutoTokenizer, GenerationConfig
 
 from .arguments import ModelArguments, RunArguments, check_model_flags, check_values, parse_arguments
+from .augmentation import noise_collator, read_paraphrases
 from .checkpointing import (
     RunState,
     average_checkpoints,
@@ -37,13 +39,24 @@ from .checkpointing import (
 )
 from ..configuration_scratch_transformer import ScratchTransformerConfig
 from ..data.loading import CorpusError, DataArguments, load_parallel_corpus
-from ..data.preprocessing import TrainingData, evaluation_pairs, make_collator, preprocess_corpus, source_paraphrases
-from .distributed import is_lost_process_error, launched_rank, lost_process_fault, report_to_launcher, stop_watching
+from ..data.batching import TrainingBatches
+from ..data.preprocessing import TrainingData, evaluation_pairs, make_collator, preprocess_corpus
+from .distributed import (
+    is_lost_process_error,
+    join_processes,
+    launched_rank,
+    lost_process_fault,
+    report_to_launcher,
+    start_accelerator,
+    stop_watching,
+    trackers,
+)
 from ..errors import RunInterrupted, ScratchTransformerError, TrainingFault, UsageError, exit_code
 from .evaluation import Evaluator
-from .loop import TrainingLoop, start_accelerator, trackers
+from .loop import TrainingLoop, active_callbacks
 from .model_directory import hardware_description, model_card, push_to_hub, result_files, save_model, save_results
 from ..modeling_scratch_transformer import ScratchTransformerForConditionalGeneration
+from .recipe import Recipe, resolve_recipe
 from .run_directory import (
     OutputDirLock,
     claim_output_dir,
@@ -80,8 +93,8 @@ def run_training(model_args: ModelArguments, data_args: DataArguments, args: Run
 def _run_training(model_args: ModelArguments, data_args: DataArguments, args: RunArguments,
                   model_card_template, lock: OutputDirLock) -> dict:
     started, output_dir = time.time(), Path(args.output_dir)
-    accelerator = _start(model_args, data_args, args, lock)
-    checkpoint = _prepare_output_dir(data_args, args, output_dir, accelerator)
+    accelerator, recipe = _start(model_args, data_args, args, lock)
+    checkpoint = _prepare_output_dir(data_args, args, recipe, output_dir, accelerator)
     set_seed(args.seed)
     # A model to start from is loaded first: a wrong path or contradicting size flags fail before the corpus.
     pretrained = _load_pretrained(model_args, data_args) if model_args.model_name_or_path else None
@@ -91,16 +104,17 @@ def _run_training(model_args: ModelArguments, data_args: DataArguments, args: Ru
         check_same_data(checkpoint, fingerprint, args.ignore_data_changes)
     tokenizer = _tokenizer(raw, data_args, args, accelerator, checkpoint, pretrained)
     data = _prepare_data(raw, tokenizer, data_args, args, accelerator)
-    model = _model(model_args, data_args, args, tokenizer, pretrained, checkpoint)
+    paraphrases = read_paraphrases(raw["train"], tokenizer, data_args, recipe.augmentation) if args.do_train else {}
+    model = _model(model_args, data_args, args, recipe, tokenizer, pretrained, checkpoint)
     collator = make_collator(tokenizer)
     evaluator = Evaluator(accelerator, model, tokenizer, data, collator, data_args, args)
     phases, trainer = {}, None
     if args.do_train:
-        trainer = TrainingLoop(accelerator, model, tokenizer, data.datasets["train"], collator, evaluator, data_args,
-                               args, output_dir, data.source_paraphrases)
+        trainer = _training_loop(accelerator, model, tokenizer, data, collator, paraphrases, evaluator, data_args, args,
+                                 recipe)
         if checkpoint is not None:
             trainer.resume(checkpoint)
-        if (warning := model_args.dropout_warning(trainer.length)) and accelerator.is_main_process:
+        if (warning := recipe.dropout_warning(trainer.length)) and accelerator.is_main_process:
             logger.warning(warning)
         trainer.state.data_fingerprint = fingerprint
         if trackers(args):
@@ -116,7 +130,7 @@ def _run_training(model_args: ModelArguments, data_args: DataArguments, args: Ru
     results = _results(phases, evaluator, started)
     if accelerator.is_main_process:
         _export(results, phases, model, tokenizer, evaluator, trainer, model_card_template, accelerator,
-                model_args=model_args, data_args=data_args, args=args, data=data, state=state)
+                model_args=model_args, data_args=data_args, args=args, recipe=recipe, data=data, state=state)
     if args.do_train:
         end_tracker_logs(accelerator)
         if args.push_to_hub and accelerator.is_main_process:
@@ -127,21 +141,27 @@ def _run_training(model_args: ModelArguments, data_args: DataArguments, args: Ru
 # ------------------------------------------------------------------------------------------------------ the steps
 
 
-def _start(model_args: ModelArguments, data_args: DataArguments, args: RunArguments, lock: OutputDirLock):
-    """Checks before any work, the output directory claimed (locked by the main process), then Accelerate."""
+def _start(model_args: ModelArguments, data_args: DataArguments, args: RunArguments,
+           lock: OutputDirLock) -> tuple:
+    """Checks before any work, the output directory claimed (locked by the main process), the recipe resolved for
+    the device of this process (printed once when training), then Accelerate: (accelerator, recipe)."""
     check_values(model_args, data_args, args)
     _quiet_libraries(args.verbose)
     claim_output_dir(args, lock if launched_rank() == 0 else None)  # the main process, before Accelerate
-    width = None if model_args.model_name_or_path else model_args.build_config(data_args.tokenizer_vocab_size).d_model
-    return start_accelerator(args, Path(args.output_dir), width)
+    recipe = resolve_recipe(model_args, args, join_processes(args.ddp_timeout).device)
+    accelerator = start_accelerator(args, Path(args.output_dir), recipe.precision)
+    if args.do_train and accelerator.is_main_process:
+        logger.info(recipe.describe())
+    return accelerator, recipe
 
 
-def _prepare_output_dir(data_args: DataArguments, args: RunArguments, output_dir: Path, accelerator) -> Path | None:
+def _prepare_output_dir(data_args: DataArguments, args: RunArguments, recipe: Recipe, output_dir: Path,
+                        accelerator) -> Path | None:
     """The checkpoint to resume from (checked against this run, newer ones set aside on request), or None; a
     training run with --overwrite_output_dir removes the earlier run's checkpoints."""
     if args.resume_from_checkpoint:
         checkpoint = resolve_checkpoint(args.resume_from_checkpoint, output_dir)
-        check_resume(checkpoint, args, data_args, accelerator.num_processes)
+        check_resume(checkpoint, args, data_args, recipe, accelerator.num_processes)
         set_newer_checkpoints_aside(checkpoint, output_dir, args.overwrite_newer_checkpoints,
                                     accelerator.is_main_process)
         accelerator.wait_for_everyone()
@@ -221,25 +241,19 @@ def _prepare_data(raw, tokenizer, data_args: DataArguments, args: RunArguments, 
                            f"or empty")
     data = TrainingData(splits, report, *evaluation_pairs(raw["validation"], data_args),
                         *evaluation_pairs(raw["test"], data_args))
-    if args.do_train and args.source_paraphrase_rate:
-        data.source_paraphrases = source_paraphrases(raw["train"], tokenizer, data_args.source_lang)
-        logger.info("source paraphrases: %s", "not read from a streamed corpus" if data_args.streaming else (
-            f"{len(data.source_paraphrases)} training sources have some; {args.source_paraphrase_rate:.0%} of them "
-            f"are replaced by one each epoch" if data.source_paraphrases else
-            f"none in the corpus (a `paraphrases` field with {data_args.source_lang!r} in it)"))
     if (args.do_train or args.do_eval) and not data.eval_sources:
         raise UsageError("the validation split has no usable pairs: give --validation_file with pairs in it")
     return data
 
 
-def _model(model_args: ModelArguments, data_args: DataArguments, args: RunArguments, tokenizer, pretrained,
-           checkpoint: Path | None):
-    """The model of --model_name_or_path, or a new one of the configured size (checked against a checkpoint to
-    resume), with the generation settings of evaluation and of the saved model."""
+def _model(model_args: ModelArguments, data_args: DataArguments, args: RunArguments, recipe: Recipe, tokenizer,
+           pretrained, checkpoint: Path | None):
+    """The model of --model_name_or_path, or a new one of the configured size and the recipe's new-model settings
+    (checked against a checkpoint to resume), with the generation settings of evaluation and of the saved model."""
     if pretrained is not None:
         model = pretrained[0]
     else:
-        model = ScratchTransformerForConditionalGeneration(model_args.build_config(vocab_size=len(tokenizer)))
+        model = ScratchTransformerForConditionalGeneration(recipe.new_model_config(model_args, len(tokenizer)))
     if checkpoint is not None:
         check_same_architecture(checkpoint, model.config)
     config = model.config
@@ -251,6 +265,20 @@ def _model(model_args: ModelArguments, data_args: DataArguments, args: RunArgume
     )
     declare_tied_weights(model)
     return model
+
+
+def _training_loop(accelerator, model, tokenizer, data: TrainingData, collator, paraphrases: dict,
+                   evaluator: Evaluator, data_args: DataArguments, args: RunArguments, recipe: Recipe) -> TrainingLoop:
+    """The training loop over this process's batches, `collator`'s with the recipe's augmentation, and the callbacks
+    of the enclosing `loop.training_callbacks` blocks."""
+    collator = noise_collator(collator, tokenizer, recipe.augmentation, seed=args.seed,
+                              max_source_length=data_args.max_source_length,
+                              max_target_length=data_args.max_target_length, paraphrases=paraphrases)
+    batches = TrainingBatches(data.datasets["train"], collator, data_args, args.per_device_train_batch_size,
+                              args.seed, accelerator.num_processes, accelerator.process_index,
+                              args.dataloader_num_workers)
+    return TrainingLoop(accelerator, model, tokenizer, batches, evaluator, args, data_args, recipe,
+                        Path(args.output_dir), active_callbacks())
 
 
 def _train(trainer: TrainingLoop, model, data: TrainingData, args: RunArguments, output_dir: Path) -> dict:

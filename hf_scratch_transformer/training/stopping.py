@@ -5,16 +5,24 @@ its best score and the time already spent."""
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from .arguments import RunLength
+if TYPE_CHECKING:  # recipe.py imports this module
+    from .recipe import RunLength
 
 METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF", "loss": "loss"}
+BEST_MODEL_METRICS = {"bleu": True, "chrf": True, "loss": False}  # metric -> greater is better
+
+
+def best_model_metric(args) -> str:
+    """--metric_for_best_model without transformers' optional `eval_` prefix."""
+    return args.metric_for_best_model.removeprefix("eval_")
 
 
 class StoppingRules:
     """The end of a run: `state` (a RunState) holds what is tracked; `clock` is time.time (tests pass their own)."""
 
-    def __init__(self, length: RunLength, max_train_minutes: float, state, clock: Callable[[], float] = time.time):
+    def __init__(self, length: "RunLength", max_train_minutes: float, state, clock: Callable[[], float] = time.time):
         self.length, self.budget_seconds, self.state, self.clock = length, max_train_minutes * 60, state, clock
         self.started, self.wall_before = clock(), state.wall_seconds
 

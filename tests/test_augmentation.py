@@ -1,6 +1,6 @@
-"""Training-time noise, on the training batches only and new at every epoch: BPE-dropout (--bpe_dropout, seeded
-re-segmentation) and source noise (--source_paraphrase_rate, --source_plain_quotes_rate, --source_lowercase_rate,
---source_typo_rate)."""
+"""augmentation.py: the training-time noise, on the training batches only and new at every epoch: BPE-dropout
+(--bpe_dropout, seeded re-segmentation) and source noise (--source_paraphrase_rate, --source_plain_quotes_rate,
+--source_lowercase_rate, --source_typo_rate), all behind one `Augmentation`."""
 
 import collections
 import json
@@ -11,9 +11,18 @@ import torch
 from helpers import PAIRS, run_quick
 from safetensors.torch import load_file
 
-from hf_scratch_transformer.data.preprocessing import source_paraphrases
-from hf_scratch_transformer.training.loop import TrainingNoiseCollator, TrainingLoop
-from hf_scratch_transformer.data.tokenization import BPEDropout, SourceNoise, misspell
+from hf_scratch_transformer.training.augmentation import (
+    AUGMENTATION_FLAGS,
+    Augmentation,
+    BPEDropout,
+    NoiseCollator,
+    SourceNoise,
+    misspell,
+    noise_collator,
+    source_paraphrases,
+)
+from hf_scratch_transformer.training.arguments import RunArguments
+from hf_scratch_transformer.training.loop import TrainingCallback, training_callbacks
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
 NO_SOURCE_NOISE = dict(source_paraphrase_rate=0.0, source_plain_quotes_rate=0.0, source_lowercase_rate=0.0)
@@ -48,7 +57,7 @@ def test_the_shortcut_draws_segmentations_as_often_as_the_full_algorithm(corpus_
     word = max(dropout.backend.pre_tokenizer.pre_tokenize_str(" everlasting"), key=lambda item: len(item[0]))[0]
     rng, draws = random.Random(0), 20_000
     fast = collections.Counter(tuple(dropout.segment(word, rng)) for _ in range(draws))
-    full = collections.Counter(tuple(dropout._merge(word, rng, forced_merges=-1)) for _ in range(draws))
+    full = collections.Counter(tuple(dropout.merge(word, rng, forced_merges=-1)) for _ in range(draws))
     assert len(full) > 3
     for segmentation in set(fast) | set(full):
         assert abs(fast[segmentation] - full[segmentation]) / draws < 0.015, segmentation
@@ -57,21 +66,59 @@ def test_the_shortcut_draws_segmentations_as_often_as_the_full_algorithm(corpus_
 def test_an_invalid_rate_is_refused(corpus_tokenizer):
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
         BPEDropout(corpus_tokenizer, 1.0)
+    for name in AUGMENTATION_FLAGS:
+        for rate in (1.0, -0.1, float("nan")):
+            with pytest.raises(ValueError, match=f"--{name} must be in \\[0, 1\\), got {rate}"):
+                Augmentation(**{name: rate})
+
+
+# ------------------------------------------------------------------------------------------------ one dataclass
+
+
+def test_the_augmentation_is_the_flags_in_their_order_and_names():
+    run_fields = [name for name in RunArguments.__dataclass_fields__ if name in AUGMENTATION_FLAGS]
+    assert run_fields == list(AUGMENTATION_FLAGS)  # keyword fields in the flags' order
+    args = RunArguments(bpe_dropout=0.1, source_typo_rate=0.02, source_lowercase_rate=0.0)
+    augmentation = Augmentation.from_flags(args)
+    assert augmentation.settings() == {name: getattr(args, name) for name in AUGMENTATION_FLAGS}
+    assert augmentation.describe() == ("50% of the source sentences with a paraphrase in the corpus replaced by it, "
+                                       "plain quotes in 50% of the source sentences with typographic ones, typos in "
+                                       "2% of the source words, BPE-dropout 0.1 (redrawn every epoch)")
+    assert Augmentation().describe() == "none" and not Augmentation().changes_sources({"a": ["b"]})
+
+
+def test_a_run_without_augmentation_keeps_the_plain_collator(corpus_tokenizer):
+    from transformers import DataCollatorForSeq2Seq
+
+    plain = DataCollatorForSeq2Seq(corpus_tokenizer)
+    lengths = dict(seed=0, max_source_length=96, max_target_length=96)
+    assert noise_collator(plain, corpus_tokenizer, Augmentation(), **lengths) is plain
+    # paraphrases at a rate, but none in the corpus: nothing to change either
+    assert noise_collator(plain, corpus_tokenizer, Augmentation(source_paraphrase_rate=0.5), paraphrases={},
+                          **lengths) is plain
+    assert isinstance(noise_collator(plain, corpus_tokenizer, Augmentation(bpe_dropout=0.1), **lengths), NoiseCollator)
 
 
 # ------------------------------------------------------------------------------------------------ in a training run
 
 
-def record_batches(monkeypatch) -> list[tuple[int, list[int], torch.Tensor]]:
-    """(epoch, example indices, input_ids) of every training batch of the runs that follow."""
-    seen, real = [], TrainingLoop._train_batch
+class RecordBatches(TrainingCallback):
+    """(epoch, example indices, input_ids) of every training batch in `seen`, their labels in `labels`."""
 
-    def recording(self, indices, batch):
-        seen.append((self.state.epoch, list(indices), batch["input_ids"].clone()))
-        return real(self, indices, batch)
+    def __init__(self):
+        self.seen, self.labels = [], []
 
-    monkeypatch.setattr(TrainingLoop, "_train_batch", recording)
-    return seen
+    def on_batch_end(self, loop, indices, batch, loss):
+        self.seen.append((loop.state.epoch, list(indices), batch["input_ids"].clone()))
+        self.labels.append(batch["labels"].clone())
+
+
+@pytest.fixture
+def recorded():
+    """The batches of the runs of this test."""
+    recorder = RecordBatches()
+    with training_callbacks(recorder):
+        yield recorder
 
 
 def decoded_sources(seen, tokenizer) -> list[str]:
@@ -80,8 +127,8 @@ def decoded_sources(seen, tokenizer) -> list[str]:
             for _, _, input_ids in seen for row in input_ids.tolist()]
 
 
-def test_each_epoch_sees_a_new_segmentation_and_evaluation_none(tmp_path, monkeypatch, corpus_tokenizer):
-    seen = record_batches(monkeypatch)
+def test_each_epoch_sees_a_new_segmentation_and_evaluation_none(tmp_path, recorded, corpus_tokenizer):
+    seen = recorded.seen
     flags = dict(max_train_samples=24, max_steps=12, bpe_dropout=0.3, eval_steps=0, save_steps=0,
                  **NO_SOURCE_NOISE)  # BPE-dropout alone: source noise would also change the ids
     run_quick(tmp_path / "dropout", **flags)
@@ -99,18 +146,33 @@ def test_each_epoch_sees_a_new_segmentation_and_evaluation_none(tmp_path, monkey
     assert json.loads(saved)["model"]["dropout"] is None
 
 
-def test_evaluation_batches_do_not_use_dropout(tmp_path, monkeypatch):
-    collators = []
-    real = TrainingLoop.__init__
+class EncoderInputs(TrainingCallback):
+    """The source ids the encoder reads outside training mode (validation and test), as lists without padding."""
 
-    def spy(self, *args, **kwargs):
-        real(self, *args, **kwargs)
-        collators.append((self.batches.collator, self.evaluator.collator))
+    def __init__(self):
+        self.rows = []
 
-    monkeypatch.setattr(TrainingLoop, "__init__", spy)
-    run_quick(tmp_path / "run", max_steps=2, bpe_dropout=0.2, source_lowercase_rate=0.0)
-    (training, evaluation), = collators
-    assert isinstance(training, TrainingNoiseCollator) and not isinstance(evaluation, TrainingNoiseCollator)
+    def on_train_begin(self, loop):
+        loop.model.get_encoder().register_forward_pre_hook(self.record, with_kwargs=True)
+
+    def record(self, module, args, kwargs):
+        if not module.training:
+            ids, mask = kwargs["input_ids"], kwargs["attention_mask"]
+            self.rows += [row[: int(length)] for row, length in zip(ids.tolist(), mask.sum(dim=1).tolist())]
+
+
+def test_evaluation_batches_do_not_use_dropout(tmp_path, shipped_corpus):
+    """With a high BPE-dropout, every source that validation and test encode has the tokenizer's own ids."""
+    from transformers import AutoTokenizer
+
+    inputs = EncoderInputs()
+    with training_callbacks(inputs):
+        run_quick(tmp_path / "run", max_steps=2, eval_steps=1, bpe_dropout=0.5, max_eval_samples=8,
+                  max_predict_samples=8, **NO_SOURCE_NOISE)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run")
+    sources = [pair["en"] for split in ("validation", "test") for pair in shipped_corpus[split]["translation"][:8]]
+    plain = {tuple(ids) for ids in tokenizer(sources, truncation=True, max_length=96)["input_ids"]}
+    assert len(inputs.rows) >= 16 and all(tuple(row) in plain for row in inputs.rows)
 
 
 def test_a_run_with_dropout_resumes_exactly(tmp_path):
@@ -130,11 +192,12 @@ def test_a_run_with_dropout_resumes_exactly(tmp_path):
 
 def test_source_noise_is_seeded_and_does_what_it_says():
     sentence = "Jesus wept, and the disciples remembered what he had said about the temple."
-    assert SourceNoise().apply(sentence, random.Random(0)) == sentence
-    lowered = [SourceNoise(lowercase_rate=0.3).apply(sentence, random.Random(seed)) for seed in range(400)]
+    assert SourceNoise(Augmentation()).apply(sentence, random.Random(0)) == sentence
+    lowered = [SourceNoise(Augmentation(source_lowercase_rate=0.3)).apply(sentence, random.Random(seed))
+               for seed in range(400)]
     assert set(lowered) == {sentence, sentence.lower()}
     assert 0.22 < lowered.count(sentence.lower()) / 400 < 0.38
-    noisy = SourceNoise(typo_rate=0.5)
+    noisy = SourceNoise(Augmentation(source_typo_rate=0.5))
     assert noisy.apply(sentence, random.Random(3)) == noisy.apply(sentence, random.Random(3))
     changed = 0
     for seed in range(50):
@@ -147,19 +210,12 @@ def test_source_noise_is_seeded_and_does_what_it_says():
                 assert abs(len(word) - len(noisy_word)) <= 1 and set(noisy_word) <= set(word)
     assert changed > 50
     assert misspell("Señor", random.Random(1)) != "Señor"
-    with pytest.raises(ValueError, match="typo rate must be in"):
-        SourceNoise(typo_rate=1.0)
 
 
-def test_source_noise_changes_training_sources_each_epoch_and_never_targets(tmp_path, monkeypatch):
+def test_source_noise_changes_training_sources_each_epoch_and_never_targets(tmp_path, recorded):
     from transformers import AutoTokenizer
 
-    seen = record_batches(monkeypatch)
-    labels = []
-    real = TrainingLoop._train_batch
-    monkeypatch.setattr(TrainingLoop, "_train_batch",
-                        lambda self, indices, batch: (labels.append(batch["labels"].clone()), real(self, indices,
-                                                                                                   batch))[1])
+    seen, labels = recorded.seen, recorded.labels
     flags = dict(max_train_samples=24, max_steps=12, eval_steps=0, save_steps=0, **NO_SOURCE_NOISE)
     run_quick(tmp_path / "noisy", **{**flags, "source_lowercase_rate": 0.5, "source_typo_rate": 0.2})
     noisy_seen, noisy_labels = list(seen), list(labels)
@@ -197,12 +253,12 @@ def test_sources_the_noise_leaves_alone_keep_their_ids(corpus_tokenizer):
     characters = "".join(corpus_tokenizer.convert_ids_to_tokens(merged[:-1]))
     split = corpus_tokenizer.convert_tokens_to_ids(list(characters)) + merged[-1:]
     assert split != merged and corpus_tokenizer.decode(split, skip_special_tokens=True) == text
-    collator = TrainingNoiseCollator(DataCollatorForSeq2Seq(corpus_tokenizer), corpus_tokenizer, seed=0,
-                                     max_source_length=96, max_target_length=96,
-                                     source_noise=SourceNoise(lowercase_rate=0.5))
+    collator = NoiseCollator(DataCollatorForSeq2Seq(corpus_tokenizer), corpus_tokenizer,
+                             Augmentation(source_lowercase_rate=0.5), seed=0,
+                             max_lengths={"input_ids": 96, "labels": 96})
     outcomes = set()
     for epoch in range(12):
-        collator.epoch = epoch
+        collator.set_epoch(epoch)
         ids = collator([{"input_ids": split, "labels": merged}])["input_ids"][0].tolist()
         assert ids in (split, corpus_tokenizer(text.lower())["input_ids"]), epoch
         outcomes.add(ids == split)
@@ -224,7 +280,7 @@ def test_source_noise_flags_are_checked_before_training(tmp_path):
 def test_plain_quotes_replace_typographic_ones_at_their_rate():
     sentence = "Don’t say “no”, it’s God’s ‘word’."
     plain = "Don't say \"no\", it's God's 'word'."
-    noise = SourceNoise(plain_quotes_rate=0.3)
+    noise = SourceNoise(Augmentation(source_plain_quotes_rate=0.3))
     drawn = [noise.apply(sentence, random.Random(seed)) for seed in range(500)]
     assert set(drawn) == {sentence, plain}
     assert 0.23 < drawn.count(plain) / 500 < 0.37
@@ -233,8 +289,8 @@ def test_plain_quotes_replace_typographic_ones_at_their_rate():
     assert noise.apply(plain, random.Random(0)) == plain
 
 
-def test_plain_quotes_reach_the_training_sources(tmp_path, monkeypatch):
-    seen = record_batches(monkeypatch)
+def test_plain_quotes_reach_the_training_sources(tmp_path, recorded):
+    seen = recorded.seen
     flags = dict(max_train_samples=80, max_steps=12, eval_steps=0, save_steps=0, **NO_SOURCE_NOISE)
     run_quick(tmp_path / "plain-quotes", **{**flags, "source_plain_quotes_rate": 0.5})
     from transformers import AutoTokenizer
@@ -257,16 +313,14 @@ def test_plain_quotes_reach_the_training_sources(tmp_path, monkeypatch):
 def test_paraphrase_noise_swaps_in_a_paraphrase_at_its_rate():
     sentence, other = "Honor your father and your mother.", "Love your enemies."
     paraphrases = {sentence: ["Honour thy father and thy mother.", "Honour thy father and mother."]}
-    noise = SourceNoise(paraphrase_rate=0.4, paraphrases=paraphrases)
+    noise = SourceNoise(Augmentation(source_paraphrase_rate=0.4), paraphrases)
     drawn = [noise.apply(sentence, random.Random(seed)) for seed in range(500)]
     assert set(drawn) == {sentence, *paraphrases[sentence]}
     assert 0.33 < sum(text != sentence for text in drawn) / 500 < 0.47
     # a sentence without paraphrases is left as it is and draws nothing: the other noise sees the same draws
     rng = random.Random(5)
     assert noise.apply(other, rng) == other and rng.random() == random.Random(5).random()
-    assert not SourceNoise(paraphrase_rate=0.4, paraphrases={})  # nothing to swap in: no noise at all
-    with pytest.raises(ValueError, match="paraphrase rate must be in"):
-        SourceNoise(paraphrase_rate=1.0, paraphrases=paraphrases)
+    assert not SourceNoise(Augmentation(source_paraphrase_rate=0.4), {})  # nothing to swap in: no noise at all
 
 
 def test_source_paraphrases_come_from_the_corpus_keyed_as_the_collator_decodes(shipped_corpus, corpus_tokenizer):
@@ -282,10 +336,10 @@ def test_source_paraphrases_come_from_the_corpus_keyed_as_the_collator_decodes(s
     assert source_paraphrases(subset.to_iterable_dataset(), corpus_tokenizer, "en") == {}
 
 
-def test_paraphrases_replace_training_sources_only(tmp_path, monkeypatch, shipped_corpus):
+def test_paraphrases_replace_training_sources_only(tmp_path, recorded, shipped_corpus):
     from transformers import AutoTokenizer
 
-    seen = record_batches(monkeypatch)
+    seen = recorded.seen
     flags = dict(max_train_samples=80, max_steps=12, eval_steps=0, save_steps=0, **NO_SOURCE_NOISE)
     run_quick(tmp_path / "paraphrased", **{**flags, "source_paraphrase_rate": 0.5})
     paraphrased = list(seen)

@@ -1,0 +1,250 @@
+"""train.py's default recipe and its rules, resolved once per run from the flags and the machine: `Recipe`.
+
+Where a flag leaves a choice open, the recipe makes it:
+
+- the **run length** (`run_length`, `RunLength`) when neither --max_steps nor --num_train_epochs is given;
+- the **precision** when neither --bf16 nor --fp16 is given: bf16 mixed precision where the CPU has bf16 matrix units,
+  for a new model at least BF16_CPU_MIN_WIDTH wide, with BF16_CPU_STEP_BUDGET steps;
+- a **new model's** normalisation and dropout (NEW_MODEL_SETTINGS: pre-norm, no dropout);
+- the **training-time noise** (DEFAULT_AUGMENTATION: the defaults of the augmentation flags).
+
+`resolve_recipe` reads the flags and never changes them: the resolved precision is the recipe's, and resuming
+(checkpointing.resume_settings), train_results.json and the model card read it there. The recipe is printed once at
+the start of a run (`Recipe.describe`), recorded in train_results.json ("recipe") and stated in the model card.
+
+Why the config class and the recipe differ, openly: `ScratchTransformerConfig`'s defaults stay the paper's (post-norm,
+dropout 0.1). The config describes the model of "Attention Is All You Need" and is what anyone building or loading
+one without train.py gets; the recipe is what was measured to train best in train.py's budget on this package's
+corpora. So the recipe changes exactly NEW_MODEL_SETTINGS on a new model and says which and why (one line in the
+log, train_results.json and the card). Each default value has one home: the config's in the config class, the
+recipe's here; a flag whose default is the recipe's either reads it from here (the augmentation rates) or is None,
+meaning "the recipe decides" (--bf16, --normalize_before, --dropout).
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..configuration_scratch_transformer import PRESETS, ScratchTransformerConfig
+from ..cpu_threads import cpu_bf16_units
+from .augmentation import Augmentation
+from .stopping import BEST_MODEL_METRICS, best_model_metric
+
+# ------------------------------------------------------------------------------------------------ the run length
+
+# The run-length rule (docs/training.md), when neither --max_steps nor --num_train_epochs is given: at most
+# DEFAULT_STEP_BUDGET optimiser steps (the default run's 30 minutes on 2 CPU cores: the small preset at 1,024-token
+# batches) and DEFAULT_MAX_EPOCHS epochs, with early stopping after DEFAULT_PATIENCE validations without a better
+# model; validation every two epochs, within [MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS] steps.
+DEFAULT_STEP_BUDGET = 3600
+DEFAULT_MAX_EPOCHS = 100
+DEFAULT_PATIENCE = 3
+MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS = 200, 2000
+
+# ------------------------------------------------------------------------------------------------ the precision
+
+# A run that gives neither --bf16 nor --fp16 trains in bf16 mixed precision on a CPU with bf16 matrix units, where
+# that was measured to pay: AVX-512 BF16 (an AMD EPYC: 1.20x the training tokens/s in whole runs, validation BLEU
+# within a seed's noise of fp32 at the same steps) and AMX (an Intel Xeon: 1.15x per step at 2 threads idle, 1.24x at
+# 1 thread, 1.25x at 1 thread with the other core busy); in fp32 elsewhere, where bf16 is emulated. bf16 on such a
+# CPU gives the run-length rule 1.2x the steps in about the same time: 4,320 steps reached validation BLEU 22.42 /
+# 21.84 (seeds 42 / 7) where fp32's 3,600 had 21.31 / 21.38 on the EPYC, and 22.75 where fp32's 3,600 had 20.48 on
+# the Xeon (benchmarks/results/recipe_ablation.md, stage 4).
+BF16_CPU_STEP_BUDGET = 4320
+# ... for a new model at least this wide: the `tiny` preset (width 64) trained 0.76x as fast in bf16 on the EPYC and
+# 0.62x on the Xeon (casts outweigh its small matrix products); `small` (256) 1.27x / 1.15x and `base` (512) 1.75x /
+# 1.48x at 2 threads (benchmarks/results/cpu_precision*.md). A model given to --model_name_or_path keeps fp32 unless
+# --bf16.
+BF16_CPU_MIN_WIDTH = 256
+
+# ------------------------------------------------------------------------------------------------ a new model
+
+# The config fields the recipe sets on a new model (unless their flag is given), and why. Pre-norm: with the default
+# learning rate of 2e-3 it reached validation BLEU 18.76 at step 4,000 where post-norm at 1e-3 had 14.55, and
+# post-norm at 2e-3 fell far behind (benchmarks/results/recipe_ablation.md, stage 3). No dropout: in the 3,600-step
+# budget it reached validation BLEU 21.31 / 21.38 (seeds 42 / 7) where dropout 0.1 had 18.34 / 18.68 and 0.2 fell
+# behind (stage 4); it also draws no masks. A model fine-tuned with --model_name_or_path keeps its own.
+NEW_MODEL_SETTINGS = {"normalize_before": True, "dropout": 0.0}
+NEW_MODEL_WHY = {
+    "normalize_before": ("pre-norm", "post-norm", "--normalize_before false",
+                         "pre-norm at the default learning rate reached validation BLEU 18.76 where post-norm had "
+                         "14.55 at 1e-3 and fell far behind at 2e-3"),
+    "dropout": ("no dropout", "dropout 0.1", "--dropout 0.1",
+                "in the step budget no dropout reached validation BLEU 21.31 / 21.38 where 0.1 had 18.34 / 18.68"),
+}
+# Above this many epochs a run without dropout is outside what was measured and likely to overfit: say so at the start.
+NO_DROPOUT_EPOCHS_WARNING = 10
+
+# ------------------------------------------------------------------------------------------------ the noise
+
+# The augmentation flags' defaults. Paraphrases and plain quotes at 0.5 kept validation BLEU where it was on the
+# shipped corpus and lifted the style-shifted validation source by 1.4 to 2.0 BLEU, and the test verses written in the
+# King James Version by 5 to 7. Lower-casing 0.05 alone cost nothing on the plain source in two seeds on each precision
+# branch and lost 0.3 to 1.4 BLEU less on a style-shifted one; 0.1 with typos at 0.02 lost less there too but cost
+# about a BLEU point on the plain source. Typos at 0.01 cost a third less on misspelt input but 0.68 validation BLEU on
+# clean input: not the default. BPE-dropout (0.05, 0.1) is off. (benchmarks/results/recipe_ablation.md,
+# docs/training.md)
+DEFAULT_AUGMENTATION = Augmentation(source_lowercase_rate=0.05, source_paraphrase_rate=0.5,
+                                    source_plain_quotes_rate=0.5)
+
+
+# ------------------------------------------------------------------------------------------------ the run length
+
+
+@dataclass
+class RunLength:
+    """How long a run trains, how often it validates and when it stops early, once the epoch's length is known."""
+
+    total_steps: int
+    eval_steps: int
+    patience: int  # validations without a better model before stopping; 0: never
+    load_best: bool
+    steps_per_epoch: int | None  # optimiser steps; None when streamed
+    source: str  # "max_steps", "epochs" or "rule"
+    metric: str
+    greater_is_better: bool
+    step_budget: int = DEFAULT_STEP_BUDGET  # the run-length rule's most steps (Recipe.step_budget)
+
+    @property
+    def epochs(self) -> float | None:
+        """Planned epochs over the training split; None when streamed."""
+        return self.total_steps / self.steps_per_epoch if self.steps_per_epoch else None
+
+    def describe(self) -> str:
+        """One log line: steps, why that many, validation and stopping."""
+        epochs = f" ({self.epochs:.3g} epochs of {self.steps_per_epoch:,} steps)" if self.steps_per_epoch else ""
+        why = {"max_steps": "--max_steps", "epochs": "--num_train_epochs",
+               "rule": f"the run-length rule: at most {self.step_budget:,} steps and {DEFAULT_MAX_EPOCHS} epochs, "
+                       f"since neither --max_steps nor --num_train_epochs was given"}[self.source]
+        validation = f"validation every {self.eval_steps:,} steps" if self.eval_steps else "validation at the end"
+        stopping = (f"early stopping after {self.patience} validations without a better validation {self.metric}"
+                    if self.patience else "no early stopping")
+        kept = "the best validated model is saved" if self.load_best else "the last step's model is saved"
+        return f"training for {self.total_steps:,} steps{epochs} ({why}); {validation}; {stopping}; {kept}"
+
+
+def run_length(args, steps_per_epoch: int | None, budget: int = DEFAULT_STEP_BUDGET) -> RunLength:
+    """The run length of `args` (a RunArguments) for an epoch of `steps_per_epoch` optimiser steps (None: a streamed
+    corpus), with at most `budget` steps under the run-length rule (Recipe.step_budget)."""
+    if args.max_steps > 0:
+        total, source = args.max_steps, "max_steps"
+    elif args.num_train_epochs is not None and steps_per_epoch:
+        total, source = math.ceil(args.num_train_epochs * steps_per_epoch), "epochs"
+    else:
+        total, source = budget, "rule"
+        if steps_per_epoch:
+            total = min(total, DEFAULT_MAX_EPOCHS * steps_per_epoch)
+    eval_steps = args.eval_steps
+    if eval_steps is None:
+        eval_steps = (min(MAX_AUTO_EVAL_STEPS, max(MIN_AUTO_EVAL_STEPS, 2 * steps_per_epoch)) if steps_per_epoch
+                      else MAX_AUTO_EVAL_STEPS)
+    patience = args.early_stopping_patience
+    if patience is None:
+        patience = DEFAULT_PATIENCE if source == "rule" and eval_steps else 0
+    load_best = args.load_best_model_at_end if args.load_best_model_at_end is not None else patience > 0
+    metric = best_model_metric(args)
+    return RunLength(total, eval_steps, patience, load_best, steps_per_epoch, source, metric,
+                     BEST_MODEL_METRICS[metric], budget)
+
+
+# ------------------------------------------------------------------------------------------------ the recipe
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The recipe of one run, resolved from its flags and machine (`resolve_recipe`); read it, never the flags, for
+    the precision, the run-length rule's budget, a new model's settings and the augmentation."""
+
+    precision: str  # "bf16", "fp16" or "fp32" (mixed precision but for fp32)
+    precision_note: str  # which precision, and why
+    step_budget: int  # the run-length rule's most steps
+    new_model_settings: dict = field(default_factory=dict)  # config fields set on a new model ({} for a loaded one)
+    augmentation: Augmentation = field(default_factory=Augmentation)
+    loaded_model: bool = False  # --model_name_or_path: a new model's settings do not apply
+
+    def run_length(self, args, steps_per_epoch: int | None) -> RunLength:
+        return run_length(args, steps_per_epoch, self.step_budget)
+
+    def new_model_config(self, model_args, vocab_size: int) -> ScratchTransformerConfig:
+        """A new model's config: the preset's, the recipe's new-model settings, then every size and dropout flag."""
+        return model_args.build_config(vocab_size, **self.new_model_settings)
+
+    def dropout_warning(self, length: RunLength) -> str | None:
+        """A line to log when a new model gets the recipe's no-dropout for a run of many epochs (a small corpus)."""
+        if self.new_model_settings.get("dropout") != 0 or not length.epochs or \
+                length.epochs <= NO_DROPOUT_EPOCHS_WARNING:
+            return None
+        return (f"a new model trains without dropout by default (chosen for runs of a few epochs), and this run "
+                f"plans {length.epochs:.3g} epochs: on a small corpus give --dropout 0.1 or more")
+
+    def lines(self) -> list[str]:
+        """The recipe in words, one line per rule."""
+        return [f"precision: {self.precision_note}",
+                f"run length: without --max_steps or --num_train_epochs, at most {self.step_budget:,} steps and "
+                f"{DEFAULT_MAX_EPOCHS} epochs, with early stopping after {DEFAULT_PATIENCE} validations without a "
+                f"better model",
+                f"new model: {self._new_model_line()}",
+                f"training-time noise: {self.augmentation.describe()}"]
+
+    def describe(self) -> str:
+        """What the log prints once at the start of a run."""
+        return "the recipe (train.py's defaults, resolved for this run):\n" + "\n".join(
+            f"  {line}" for line in self.lines())
+
+    def as_dict(self) -> dict:
+        """train_results.json's "recipe" entry."""
+        return {"precision": self.precision, "step_budget": self.step_budget,
+                "new_model_settings": dict(self.new_model_settings), "augmentation": self.augmentation.settings(),
+                "description": self.lines()}
+
+    def _new_model_line(self) -> str:
+        if self.loaded_model:
+            return "none: the model given to --model_name_or_path keeps its own settings"
+        if not self.new_model_settings:
+            return "as its flags give it (the recipe changes nothing of the config class's defaults)"
+        what, paper, flag, why = zip(*(NEW_MODEL_WHY[name] for name in self.new_model_settings))
+        return (f"{' and '.join(what)}, where the config class keeps the paper's {' and '.join(paper)} "
+                f"({'; '.join(why)}: benchmarks/results/recipe_ablation.md); {' / '.join(flag)} for the paper's")
+
+
+def bf16_pays_on(device: torch.device) -> bool:
+    """Whether bf16 mixed precision was measured to make a training step cheaper at equal BLEU on `device`: a CPU
+    with bf16 matrix units, AVX-512 BF16 or AMX (see BF16_CPU_STEP_BUDGET)."""
+    return device.type == "cpu" and cpu_bf16_units() is not None
+
+
+def resolve_recipe(model_args, args, device: torch.device) -> Recipe:
+    """The recipe of a run with these flags (ModelArguments, RunArguments) on `device`; the flags are not changed."""
+    loaded = model_args.model_name_or_path is not None
+    width = None if loaded else model_args.d_model or PRESETS[model_args.preset_name()]["d_model"]
+    precision, note = _precision(args, device, width)
+    budget = BF16_CPU_STEP_BUDGET if precision == "bf16" and bf16_pays_on(device) else DEFAULT_STEP_BUDGET
+    settings = {} if loaded else {name: value for name, value in NEW_MODEL_SETTINGS.items()
+                                  if getattr(model_args, name) is None}
+    return Recipe(precision, note, budget, settings, Augmentation.from_flags(args), loaded)
+
+
+def _precision(args, device: torch.device, new_model_width: int | None) -> tuple[str, str]:
+    """(precision, why): --bf16 / --fp16 when given; else bf16 for training a new model at least BF16_CPU_MIN_WIDTH
+    wide where bf16_pays_on(device), fp32 otherwise (evaluation decodes in fp32 anyway)."""
+    if args.bf16 or args.fp16:
+        name = "bf16" if args.bf16 else "fp16"
+        return name, f"{name} mixed precision (--{name})"
+    if args.bf16 is False:
+        return "fp32", "fp32 (--bf16 false)"
+    units = cpu_bf16_units() if device.type == "cpu" else None
+    if not args.do_train:
+        return "fp32", "fp32 (nothing to train)"
+    if new_model_width is None:
+        return "fp32", "fp32: a model given to --model_name_or_path keeps fp32 unless --bf16"
+    if device.type != "cpu":
+        return "fp32", "fp32 on this device unless --bf16 or --fp16 (the recipe measured bf16 on CPUs)"
+    if units is None:
+        return "fp32", "fp32: this CPU has no bf16 matrix units (AVX-512 BF16 or AMX), where bf16 would be emulated"
+    if new_model_width < BF16_CPU_MIN_WIDTH:
+        return "fp32", (f"fp32: a model {new_model_width} wide trains slower in bf16 (casts outweigh its small "
+                        f"products; bf16 from {BF16_CPU_MIN_WIDTH} wide); --bf16 for it anyway")
+    note = (f"bf16 mixed precision: this CPU has {units}, where bf16 trains 1.15-1.2x faster at the same BLEU (so the "
+            f"run-length rule allows {BF16_CPU_STEP_BUDGET:,} steps); --bf16 false trains in fp32")
+    return "bf16", note

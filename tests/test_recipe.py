@@ -1,0 +1,186 @@
+"""recipe.py: the default recipe, resolved once from the flags and the machine (which it never changes): the
+precision by CPU, the run-length rule's budget, a new model's settings (and what the recipe says about them), the
+augmentation's defaults; printed at the start, recorded in train_results.json and stated in the model card."""
+
+import json
+import logging
+
+import pytest
+import torch
+from helpers import run_tiny, tiny_run_flags
+
+from hf_scratch_transformer import ScratchTransformerConfig, cpu_threads
+from hf_scratch_transformer.training.arguments import RunArguments, parse_arguments
+from hf_scratch_transformer.training.augmentation import Augmentation
+from hf_scratch_transformer.training.recipe import (
+    BF16_CPU_STEP_BUDGET,
+    DEFAULT_AUGMENTATION,
+    DEFAULT_STEP_BUDGET,
+    resolve_recipe,
+    run_length,
+)
+
+AVX512_BF16, NO_BF16_UNITS = {"avx512f", "avx512_bf16"}, {"avx512f"}
+AMX = {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}
+CPU, GPU = torch.device("cpu"), torch.device("cuda")
+
+
+@pytest.fixture
+def cpu_flags(monkeypatch):
+    """Fakes the CPU's feature flags (/proc/cpuinfo) as the precision rule sees them."""
+    def fake(flags):
+        monkeypatch.setattr(cpu_threads, "cpu_model_and_flags", lambda: ("a test CPU", set(flags)))
+    return fake
+
+
+def recipe_of(argv: list[str], device: torch.device = CPU):
+    """(recipe, model_args, args) of train.py's flags `argv` on `device`."""
+    model_args, _, args = parse_arguments(argv)
+    return resolve_recipe(model_args, args, device), model_args, args
+
+
+# ------------------------------------------------------------------------------------------------ the precision
+
+
+@pytest.mark.parametrize("flags, device, given, precision, budget", [
+    (AVX512_BF16, CPU, [], "bf16", BF16_CPU_STEP_BUDGET),  # measured to pay: bf16, 1.2x the steps
+    (AMX, CPU, [], "bf16", BF16_CPU_STEP_BUDGET),  # measured to pay there too
+    (NO_BF16_UNITS, CPU, [], "fp32", DEFAULT_STEP_BUDGET),
+    (AVX512_BF16, GPU, [], "fp32", DEFAULT_STEP_BUDGET),  # a GPU's precision comes from its flags
+    (AVX512_BF16, CPU, ["--bf16", "false"], "fp32", DEFAULT_STEP_BUDGET),
+    (AVX512_BF16, CPU, ["--fp16"], "fp16", DEFAULT_STEP_BUDGET),
+    (AVX512_BF16, CPU, ["--bf16"], "bf16", BF16_CPU_STEP_BUDGET),
+    (NO_BF16_UNITS, CPU, ["--bf16", "true"], "bf16", DEFAULT_STEP_BUDGET),  # asked for, but no faster: no more steps
+    (AVX512_BF16, CPU, ["--do_eval", "--do_predict"], "fp32", DEFAULT_STEP_BUDGET),  # no training: nothing to gain
+], ids=["avx512_bf16", "amx", "no_units", "gpu", "bf16_false", "fp16", "bf16_given", "bf16_without_units",
+        "evaluation_only"])
+def test_bf16_is_the_default_only_where_it_was_measured_to_pay(cpu_flags, flags, device, given, precision, budget):
+    cpu_flags(flags)
+    recipe, _, args = recipe_of(given, device)  # the small preset, where it was measured
+    assert recipe.precision == precision and recipe.step_budget == budget
+    assert args.bf16 is (None if "--bf16" not in given else given[-1] != "false")  # the flags stay as given
+    chosen = "bf16 mixed precision: this CPU has" in recipe.describe()
+    assert chosen == (precision == "bf16" and not given)  # the rule's reason said when it chose bf16
+    length = recipe.run_length(args, steps_per_epoch=1108)
+    assert length.total_steps == budget and f"at most {budget:,} steps" in length.describe()
+    assert run_length(RunArguments(max_steps=8), 1108, budget).total_steps == 8  # --max_steps wins
+
+
+@pytest.mark.parametrize("given, precision", [(["--preset", "tiny"], "fp32"), ([], "bf16"),
+                                              (["--preset", "base"], "bf16"), (["--d_model", "128"], "fp32"),
+                                              (["--model_name_or_path", "some/model"], "fp32")],
+                         ids=["tiny", "small", "base", "narrow_small", "loaded_model"])
+def test_the_default_bf16_needs_a_new_model_wide_enough(cpu_flags, given, precision):
+    """The tiny preset trained slower in bf16 (casts outweigh its small products); a loaded model keeps fp32."""
+    cpu_flags(AVX512_BF16)
+    recipe, _, args = recipe_of(given)
+    assert recipe.precision == precision and args.bf16 is None
+
+
+@pytest.mark.parametrize("flags, steps, precision, units", [
+    (AVX512_BF16, BF16_CPU_STEP_BUDGET, "bf16 mixed precision", "AVX-512 BF16"),
+    (AMX, BF16_CPU_STEP_BUDGET, "bf16 mixed precision", "AMX"),
+    (NO_BF16_UNITS, DEFAULT_STEP_BUDGET, "fp32", None)], ids=["avx512_bf16", "amx", "no_units"])
+def test_a_run_without_precision_flags_follows_the_cpu(cpu_flags, flags, steps, precision, units, tmp_path, caplog):
+    """A real run with neither --bf16 nor --max_steps: its precision and its run-length rule's budget (stopped at
+    once by --max_train_minutes; many short batches so that 100 epochs are more than the budget)."""
+    cpu_flags(flags)
+    with caplog.at_level(logging.INFO, logger="hf_scratch_transformer"):
+        results = run_tiny(tmp_path, bf16=None, d_model=256, max_steps=None, max_tokens=128, max_train_minutes=0.002,
+                           eval_steps=0, save_steps=0, max_eval_samples=2, max_predict_samples=2, num_beams=1,
+                           eval_max_new_tokens=2)  # the small preset's width: the tiny preset stays fp32
+    logged = " ".join(record.getMessage() for record in caplog.records)
+    assert f"training for {steps:,} steps" in logged and f"at most {steps:,} steps" in logged
+    assert ("bf16 mixed precision: this CPU has" in logged) == (units is not None)
+    assert units is None or f"this CPU has {units}, where bf16 trains" in logged
+    assert ("on AMX the weights depend on the thread count" in logged) == (units == "AMX")  # and the run adapts them
+    assert f"; {precision}; wall time" in (tmp_path / "README.md").read_text()
+    assert results["train_precision"] == precision.split()[0]  # all_results.json records it too
+    assert results["recipe"]["precision"] == precision.split()[0] and results["recipe"]["step_budget"] == steps
+
+
+def test_a_mixed_precision_run_validates_and_tests_its_weights_as_saved(tmp_path):
+    """bf16 trains under autocast; validation (mid-run too) and the test scores decode in fp32, as the saved model
+    translates for its users, and training goes on in bf16 after a validation. Layer outputs by training mode."""
+    dtypes = {True: set(), False: set()}
+
+    def record(module, inputs, output):
+        if isinstance(module, torch.nn.Linear):
+            dtypes[module.training].add(output.dtype)
+
+    hook = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        results = run_tiny(tmp_path, bf16=True, max_steps=8, eval_steps=4, save_steps=0)
+    finally:
+        hook.remove()
+    assert results["train_precision"] == "bf16" and results["train_steps"] == 8
+    assert dtypes[True] == {torch.bfloat16}  # every training step, before and after the step-4 validation
+    assert dtypes[False] == {torch.float32}  # validation and test
+
+
+def test_one_process_trains_in_one_precision_then_another(tmp_path):
+    """Accelerate keeps one precision per process; train.py's main called again in the same process (a notebook)
+    with another precision gets it (Accelerate stays in fp32, bf16 autocast is the loop's)."""
+    quick = dict(max_steps=2, save_steps=0, eval_steps=0, do_train=True)
+    precisions = [run_tiny(tmp_path / name, bf16=bf16, **quick)["train_precision"]
+                  for name, bf16 in (("first", False), ("second", True), ("third", False))]
+    assert precisions == ["fp32", "bf16", "fp32"]
+
+
+# ------------------------------------------------------------------------------------------------ a new model
+
+
+def test_a_new_model_is_pre_norm_without_dropout_unless_asked_and_the_recipe_says_so(tmp_path):
+    recipe, model_args, args = recipe_of(tiny_run_flags(tmp_path))
+    config = recipe.new_model_config(model_args, vocab_size=100)
+    assert config.normalize_before is True and args.learning_rate == 2e-3
+    assert (config.dropout, config.attention_dropout, config.activation_dropout) == (0.0, 0.0, 0.0)
+    paper = ScratchTransformerConfig.from_preset("tiny", vocab_size=100)
+    assert (paper.normalize_before, paper.dropout) == (False, 0.1)  # the config class keeps the paper's
+    line = next(line for line in recipe.lines() if line.startswith("new model: "))
+    assert line.startswith("new model: pre-norm and no dropout, where the config class keeps the paper's post-norm "
+                           "and dropout 0.1 (") and "18.76" in line and "21.31" in line
+    # not size flags: a post-norm model with dropout given to --model_name_or_path is not contradicted
+    assert "normalize_before" not in model_args.size_overrides() and model_args.dropout_overrides() == {}
+    recipe, model_args, _ = recipe_of(tiny_run_flags(tmp_path, normalize_before=False, dropout=0.1,
+                                                     attention_dropout=0.05))
+    config = recipe.new_model_config(model_args, vocab_size=100)
+    assert (config.normalize_before, config.dropout, config.attention_dropout) == (False, 0.1, 0.05)
+    assert recipe.new_model_settings == {} and "changes nothing" in recipe.describe()
+    recipe, _, _ = recipe_of(tiny_run_flags(tmp_path, model_name_or_path="some/model"))
+    assert recipe.new_model_settings == {} and "keeps its own settings" in recipe.describe()
+
+
+@pytest.mark.parametrize("flags, steps, warned", [({}, 300, True), ({}, 100, False), ({"dropout": 0.0}, 300, False),
+                                                  ({"model_name_or_path": "some/model"}, 300, False)])
+def test_a_long_run_without_dropout_is_warned_about_at_the_start(tmp_path, flags, steps, warned):
+    recipe, _, args = recipe_of(tiny_run_flags(tmp_path, max_steps=steps, **flags))
+    warning = recipe.dropout_warning(recipe.run_length(args, steps_per_epoch=10))
+    assert (warning is not None) == warned
+    if warned:
+        assert "30 epochs" in warning and "--dropout 0.1" in warning
+
+
+def test_a_training_run_prints_records_and_states_its_recipe(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="hf_scratch_transformer"):
+        results = run_tiny(tmp_path / "out", max_train_samples=40, max_steps=60, save_steps=0, eval_steps=0,
+                           do_predict=False, source_typo_rate=0.01)
+    messages = [record.getMessage() for record in caplog.records]
+    printed = [message for message in messages if message.startswith("the recipe (")]
+    assert len(printed) == 1  # once, at the start
+    assert any("trains without dropout by default" in message for message in messages)  # 60 steps: many epochs
+    recorded = json.loads((tmp_path / "out" / "train_results.json").read_text())["recipe"]
+    assert recorded == results["recipe"]
+    assert recorded["precision"] == "fp32" and recorded["new_model_settings"] == {"normalize_before": True,
+                                                                                  "dropout": 0.0}
+    assert recorded["augmentation"] == {**DEFAULT_AUGMENTATION.settings(), "source_typo_rate": 0.01}
+    assert all(f"  {line}" in printed[0] for line in recorded["description"])
+    card = " ".join((tmp_path / "out" / "README.md").read_text().split())
+    assert "The recipe (train.py's defaults, as resolved for this run): precision: fp32 (--bf16 false); " in card
+    assert "typos in 1% of the source words" in card and "where the config class keeps the paper's" in card
+
+
+def test_the_augmentation_flags_default_to_the_recipes_rates():
+    args = RunArguments()
+    assert Augmentation.from_flags(args) == DEFAULT_AUGMENTATION
+    assert DEFAULT_AUGMENTATION.source_paraphrase_rate == 0.5 and DEFAULT_AUGMENTATION.bpe_dropout == 0.0
