@@ -236,7 +236,7 @@ def test_dev_null_as_a_split_is_named_as_empty(tmp_path, capsys, flag):
 
 
 def test_flat_json_lines_paraphrases_reach_the_training_data(tmp_path):
-    from hf_scratch_transformer.data.preprocessing import source_paraphrases
+    from hf_scratch_transformer.training.augmentation import source_paraphrases
     from hf_scratch_transformer.data.tokenization import train_tokenizer_on_corpus
 
     records = [{"en": en, "es": es, "paraphrases": {"en": [f"{en} (again)"]}} for en, es in CORPUS_PAIRS[:6]]

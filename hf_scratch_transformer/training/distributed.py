@@ -20,7 +20,6 @@ import time
 import uuid
 import warnings
 from datetime import timedelta
-from functools import partial
 from pathlib import Path
 
 import datasets
@@ -87,7 +86,7 @@ def trackers(args) -> list[str]:
     return [name.strip() for name in args.report_to.split(",") if name.strip() not in ("", "none")]
 
 
-def start_accelerator(args, output_dir: Path, precision: str) -> Accelerator:
+def start_accelerator(args, output_dir: Path, precision: str, probe_folder) -> Accelerator:
     """Accelerate for the launched processes (refused if it does not join them all; collectives wait at most
     --ddp_timeout seconds, and a heartbeat lets a failed one name the lost process); on a CPU, every core used.
 
@@ -95,9 +94,8 @@ def start_accelerator(args, output_dir: Path, precision: str) -> Accelerator:
     private methods reset), so Accelerate runs in fp32 for fp32 and bf16 alike, and the training loop applies bf16
     autocast itself (the `torch.autocast` Accelerate would put on the model's forward): runs of both precisions can
     follow each other in one process (a notebook, the tests). fp16 needs Accelerate's gradient scaler and stays
-    Accelerate's; a process that trained in fp16 is refused another precision with one line."""
-    from .run_directory import staging_folder  # run_directory imports this module
-
+    Accelerate's; a process that trained in fp16 is refused another precision with one line. `probe_folder()` makes
+    the folder the shared-directory check writes into (run_directory.staging_folder)."""
     world_size = launched_world_size()
     join_processes(args.ddp_timeout)  # done already when the recipe read the device: PartialState is one per process
     cpu = world_size > 1 and not torch.cuda.is_available()
@@ -115,7 +113,7 @@ def start_accelerator(args, output_dir: Path, precision: str) -> Accelerator:
             f"them: they would race in one --output_dir; launch with `accelerate launch --multi_gpu "
             f"--num_processes {world_size} --num_machines 1` (see README, Several processes)")
     quiet_other_processes(accelerator)
-    check_shared_output_dir(accelerator, output_dir, partial(staging_folder, what="the shared-directory check"))
+    check_shared_output_dir(accelerator, output_dir, probe_folder)
     watch_processes(accelerator)
     return accelerator
 

@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
 import datasets
@@ -64,6 +65,7 @@ from .run_directory import (
     resolve_checkpoint,
     set_newer_checkpoints_aside,
     stage_tokenizer,
+    staging_folder,
     tokenizer_staging,
 )
 from .tracking import end_tracker_logs, restore_thread_excepthook, start_tracker_logs
@@ -149,7 +151,8 @@ def _start(model_args: ModelArguments, data_args: DataArguments, args: RunArgume
     _quiet_libraries(args.verbose)
     claim_output_dir(args, lock if launched_rank() == 0 else None)  # the main process, before Accelerate
     recipe = resolve_recipe(model_args, args, join_processes(args.ddp_timeout).device)
-    accelerator = start_accelerator(args, Path(args.output_dir), recipe.precision)
+    accelerator = start_accelerator(args, Path(args.output_dir), recipe.precision,
+                                    partial(staging_folder, what="the shared-directory check"))
     if args.do_train and accelerator.is_main_process:
         logger.info(recipe.describe())
     return accelerator, recipe

@@ -5,10 +5,6 @@ its best score and the time already spent."""
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # recipe.py imports this module
-    from .recipe import RunLength
 
 METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF", "loss": "loss"}
 BEST_MODEL_METRICS = {"bleu": True, "chrf": True, "loss": False}  # metric -> greater is better
@@ -20,9 +16,10 @@ def best_model_metric(args) -> str:
 
 
 class StoppingRules:
-    """The end of a run: `state` (a RunState) holds what is tracked; `clock` is time.time (tests pass their own)."""
+    """The end of a run: `length` is the run's recipe.RunLength (recipe.py imports this module, so it is not
+    imported here); `state` (a RunState) holds what is tracked; `clock` is time.time (tests pass their own)."""
 
-    def __init__(self, length: "RunLength", max_train_minutes: float, state, clock: Callable[[], float] = time.time):
+    def __init__(self, length, max_train_minutes: float, state, clock: Callable[[], float] = time.time):
         self.length, self.budget_seconds, self.state, self.clock = length, max_train_minutes * 60, state, clock
         self.started, self.wall_before = clock(), state.wall_seconds
 

@@ -236,7 +236,7 @@ def _dev_null_validation(ws, folder):
 def _flat_paraphrases(ws: Workspace) -> str:
     """Flat JSON Lines records with a `paraphrases` object: the paraphrases reach training's lookup."""
     from hf_scratch_transformer.data.loading import DataArguments, load_parallel_corpus
-    from hf_scratch_transformer.data.preprocessing import source_paraphrases
+    from hf_scratch_transformer.training.augmentation import source_paraphrases
     from hf_scratch_transformer.data.tokenization import train_tokenizer_on_corpus
 
     records = [{"en": en, "es": es, "paraphrases": {"en": [f"{en} (again)"]}} for en, es in PAIRS]
