@@ -1,6 +1,7 @@
 """documents.py: texts cut into sentences and put back in their own white space, over-long sentences cut into
 pieces that fit, files read as lines, paragraphs or one text."""
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -127,13 +128,29 @@ def test_a_five_megabyte_line_is_cut_in_seconds_not_hours(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ files as texts
-@pytest.mark.parametrize("input_format, expected", [
-    ("lines", ["Jesus wept.", "God is love.", "", "Amen.", "  "]),
-    ("paragraphs", ["Jesus wept.\r\nGod is love.", "Amen."]),
-    ("file", ["Jesus wept.\r\nGod is love.\n\nAmen.\n  \n"]),
+@pytest.mark.parametrize("input_format, expected, rebuilt", [
+    ("lines", ["Jesus wept.", "God is love.", "", "Amen.", "  "], "Jesus wept.\nGod is love.\n\nAmen.\n  \n"),
+    ("paragraphs", ["Jesus wept.\r\nGod is love.", "Amen."], None),
+    ("file", ["Jesus wept.\r\nGod is love.\n\nAmen.\n  \n"], None),
 ])
-def test_a_file_is_read_as_lines_paragraphs_or_one_text(input_format, expected):
-    assert split_input("Jesus wept.\r\nGod is love.\n\nAmen.\n  \n", input_format) == expected
+def test_a_file_is_read_as_lines_paragraphs_or_one_text(input_format, expected, rebuilt):
+    """The texts of a file, and its frame: the translations written back with the file's own separators (lines:
+    each followed by \\n, the CRLF and a missing last line break made \\n)."""
+    content = "Jesus wept.\r\nGod is love.\n\nAmen.\n  \n"
+    layout = split_input(content, input_format)
+    assert [unit.text for unit in layout.units] == expected
+    assert layout.join([unit.text for unit in layout.units]) == (rebuilt or content)
+    assert split_input("a\nb", "lines").join(["x", "y"]) == "x\ny\n"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["Amen.", "a b", " ", "\t", "\n", "\r\n", "\n \n", "\u2028", "x\ry"]),
+                max_size=20).map("".join))
+def test_paragraphs_come_back_in_the_files_own_blank_lines(content):
+    layout = split_input(content, "paragraphs")
+    assert layout.join([unit.text for unit in layout.units]) == content
+    assert all(unit.text.strip() and not re.search(r"\n[^\S\n]*\n", unit.text) for unit in layout.units)
+    assert split_input(content, "file").join([content] if content else []) == content
 
 
 def test_an_unknown_input_format_is_refused():
