@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from test_demo import REPO, SENTENCE, _free_port, _wait_for_page
 
+from hf_scratch_transformer.protected_spans import tokenizer_has_sentinels
 from hf_scratch_transformer.translation import demo
 from hf_scratch_transformer.translation.translate import load_model_and_tokenizer
 
@@ -59,8 +60,11 @@ def test_a_person_translates_and_explores_the_attention_in_chromium(served_demo,
     screenshots.mkdir(parents=True, exist_ok=True)
     model, tokenizer = load_model_and_tokenizer(model_dir)
     beams = demo.default_beams(model)  # the page's settings at start: beam search, n-best of min(3, beams)
-    best = demo.nbest_translations(model, tokenizer, sentence, num_beams=beams, num_hypotheses=min(3, beams))[0]
-    view = demo.attention_view(model, tokenizer, sentence, best.token_ids)
+    protect = tokenizer_has_sentinels(tokenizer)  # the toggle's state at start
+    shown = demo.translate_text(model, tokenizer, sentence, num_beams=beams, num_hypotheses=min(3, beams),
+                                protect=protect)
+    best = shown.hypotheses[0]
+    view = demo.attention_view(model, tokenizer, *demo.first_sentence(shown))
     requests = []
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
@@ -71,6 +75,7 @@ def test_a_person_translates_and_explores_the_attention_in_chromium(served_demo,
         page.locator("#translate").click()
         page.wait_for_function("document.querySelector('#translation textarea').value.length > 0", timeout=120_000)
         assert page.locator("#translation textarea").input_value() == best.text
+        assert page.locator("#confidence textarea").input_value() == demo.text_report(shown)
         heatmap, chart = page.locator("#heatmap"), page.locator("#heatmap svg.marks")  # Vega draws in SVG
         cells = chart.locator(".mark-rect.role-mark path")  # one per cell, in the data's order (row by row)
         cells.first.wait_for(timeout=30_000)
