@@ -85,9 +85,11 @@ def sentences(text: str, language: str | None) -> list[str]:
     return found
 
 
-def split_document(text: str, language: str | None, segment: bool = True) -> Layout:
+def split_document(text: str, language: str | None, segment: bool = True,
+                   keep_whole: list[tuple[int, int]] = ()) -> Layout:
     """`text` as leading white space and units: its sentences (paragraphs split at blank lines first), or, without
-    `segment`, the whole text stripped as one unit."""
+    `segment`, the whole text stripped as one unit. Two sentences cut inside a `keep_whole` character range of
+    `text` (a protected span: the segmenter may take the "." of `%.*s` for a full stop) are one unit."""
     stripped = text.lstrip()
     layout = Layout(text[: len(text) - len(stripped)])
     if not stripped:
@@ -101,7 +103,29 @@ def split_document(text: str, language: str | None, segment: bool = True) -> Lay
         for sentence in sentences(paragraph, language) if paragraph.strip() else []:
             _append(layout, sentence)
         _append(layout, blank)
+    if keep_whole:
+        _rejoin(layout, keep_whole)
     return layout
+
+
+def _rejoin(layout: Layout, keep_whole: list[tuple[int, int]]) -> None:
+    """Join each unit with the next where a range (sorted, not overlapping) starts in it and ends after the white
+    space between them: the cut fell inside the range."""
+    ranges = sorted(keep_whole)
+    starts = [start for start, _ in ranges]
+    joined, position, continues = [], len(layout.leading), False
+    for unit in layout.units:
+        if continues:
+            previous = joined[-1]
+            previous.text += previous.separator + unit.text
+            previous.separator = unit.separator
+        else:
+            joined.append(unit)
+        text_end = position + len(unit.text)
+        position = text_end + len(unit.separator)
+        last = bisect.bisect_left(starts, text_end) - 1  # the last range starting before the cut
+        continues = last >= 0 and ranges[last][1] > position
+    layout.units = joined
 
 
 def _paragraphs(text: str):

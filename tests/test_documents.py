@@ -11,6 +11,7 @@ from helpers import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hf_scratch_transformer.protected_spans import SpanProtector
 from hf_scratch_transformer.documents import (
     SegmenterMissing,
     split_document,
@@ -57,6 +58,32 @@ def test_every_character_of_a_text_is_in_a_unit_or_a_separator(text):
     assert rebuilt(layout) == text
     assert all(unit.text and unit.text == unit.text.strip() for unit in layout.units)
     assert all(not separator.strip() for separator in [layout.leading] + [u.separator for u in layout.units])
+
+
+def test_no_sentence_ends_inside_a_protected_span():
+    """The segmenter takes the "." of `%.*s` or of a tag's attribute for a full stop; the pieces of a cut inside
+    a span given to keep whole are one unit again, with their white space."""
+    text = "`%.*s' used for output. Next <a href=\"x. Y\">one</a>. Last %.2f."
+    assert "`%." in [unit.text for unit in split_document(text, "en").units]  # what the segmenter alone does
+    ranges = [(span.start, span.end) for span in SpanProtector().find(text)]
+    layout = split_document(text, "en", keep_whole=ranges)
+    assert [(unit.text, unit.separator) for unit in layout.units] == [
+        ("`%.*s' used for output.", " "), ('Next <a href="x. Y">one</a>.', " "), ("Last %.2f.", "")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["Jesus wept.", "%.*s", "%.2f", " ", "\n\n", "e.g.", "<b x=\"a. B\">", "</b>", ".",
+                                 "See www.x.org.", "{0}", "Amen"]), max_size=16).map("".join))
+def test_units_never_cut_a_span_and_join_back(text):
+    ranges = [(span.start, span.end) for span in SpanProtector().find(text)]
+    layout = split_document(text, "en", keep_whole=ranges)
+    assert rebuilt(layout) == text
+    position, cuts = len(layout.leading), []
+    for unit in layout.units[:-1]:
+        position += len(unit.text)
+        cuts.append((position, position + len(unit.separator)))
+        position += len(unit.separator)
+    assert not [(cut, span) for cut in cuts for span in ranges if span[0] < cut[0] and span[1] > cut[1]]
 
 
 def test_a_missing_segmenter_is_one_line_saying_how_to_install_it(monkeypatch):

@@ -18,6 +18,7 @@ from hf_scratch_transformer.protected_spans import (
     ProtectError,
     SpanProtector,
     compile_user_pattern,
+    hide,
     restore,
     sentinel,
     tokenizer_has_sentinels,
@@ -106,6 +107,14 @@ def test_tags_the_alignment_would_cross_keep_their_source_order():
     reversed_by_model = SpanProtector().protect("<b>one</b> two", sentinels=True)
     restored = restore(reversed_by_model, "｟1｠ uno ｟0｠ dos")
     assert restored.text.index("<b>") < restored.text.index("</b>")
+
+
+def test_a_sentinel_the_source_does_not_hold_is_removed_even_without_spans():
+    """A sentinel model may write ｟0｠ for a sentence that had no span: it is not the user's text and goes; a
+    sentinel the source itself holds stays, and a model without sentinels is left alone."""
+    assert restore(hide("Hello world", [], True), "｟0｠ Hola ｟3｠ mundo ｟0｠").text == "Hola mundo"
+    assert restore(hide("See ｟0｠ here", [], True), "Ver ｟0｠ ｟1｠ aquí").text == "Ver ｟0｠ aquí"
+    assert restore(hide("Hello", [], False), "｟0｠ Hola").text == "｟0｠ Hola"
 
 
 def test_glued_spans_are_glued_again_and_spans_alone_come_back():
