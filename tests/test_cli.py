@@ -422,7 +422,8 @@ GLOSSARIES = {
 
 
 @pytest.mark.parametrize("case", [*GLOSSARIES, "pattern_does_not_compile", "pattern_matches_empty", "unknown_kind",
-                                  "binary_input", "kinds_with_protect_off", "arguments_as_paragraphs"])
+                                  "binary_input", "utf16_input", "kinds_with_protect_off",
+                                  "arguments_as_paragraphs"])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(case, tmp_path, capsys):
     """Refused before the model is loaded (it does not even exist here), and neither an earlier output file nor a
     new one is touched."""
@@ -432,6 +433,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(case, tmp_path, capsys
                            "-i", str(source)], [str(tmp_path / "terms.tsv"), GLOSSARIES[case][1]]
     else:
         (tmp_path / "binary.txt").write_bytes(b"Jesus wept.\n\x00\x01\x02\xff")
+        (tmp_path / "utf16.txt").write_bytes("Jesus wept.\n".encode("utf-16-le"))
         flags, expected = {
             "pattern_does_not_compile": (["--protect_pattern", "x(", "-i", str(source)],
                                          ["--protect_pattern", "'x(' does not compile"]),
@@ -439,7 +441,10 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(case, tmp_path, capsys
                                       ["--protect_pattern", "'[0-9]*' matches the empty string"]),
             "unknown_kind": (["--protect_kinds", "printf,emoji", "-i", str(source)], ["--protect_kinds", "emoji"]),
             "binary_input": (["-i", str(tmp_path / "binary.txt")],
-                             [f"input file {tmp_path / 'binary.txt'} is a binary file", "NUL byte at byte 12"]),
+                             [f"input file {tmp_path / 'binary.txt'} is not valid UTF-8", "at byte 15"]),
+            "utf16_input": (["-i", str(tmp_path / "utf16.txt")],
+                            [f"input file {tmp_path / 'utf16.txt'} is binary, not text: a NUL byte at byte 1",
+                             "iconv -f utf-16"]),
             "kinds_with_protect_off": (["--protect", "off", "--protect_kinds", "url", "-i", str(source)],
                                        ["--protect off", "--protect_kinds"]),
             "arguments_as_paragraphs": (["--input_format", "paragraphs", "Jesus wept."],
@@ -475,5 +480,5 @@ def test_piped_paragraphs_and_binary_standard_input_in_a_real_process(trained_mo
     assert status == 0 and json.loads(out)["source"] == "Jesús wept." and "Jesús".encode() in out
     (out, err), status = results["binary"]
     assert (status, out) == (2, b"")
-    assert err == (b"hf-scratch-translate: error: standard input is binary, not text (a NUL byte at byte 12): give "
-                   b"UTF-8 text\n")
+    assert err == (b"hf-scratch-translate: error: standard input is binary, not text: a NUL byte at byte 12 (a "
+                   b"binary file, or UTF-16 text); give UTF-8 text (`iconv -f utf-16 -t utf-8` converts UTF-16)\n")

@@ -164,25 +164,31 @@ def _read_file(path: str) -> str:
         raise UsageError(f"input file is a directory: {path}") from None
     except OSError as error:
         raise UsageError(f"cannot read input file {path}: {error.strerror or error}") from None
-    nul = data.find(b"\0")
-    if nul >= 0:
-        raise UsageError(f"input file {path} is a binary file, not text (a NUL byte at byte {nul}): give a UTF-8 "
-                         f"text file")
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise UsageError(f"input file is not valid UTF-8: {path} ({error.reason} at byte {error.start})") from None
+    if "\0" in text:
+        raise UsageError(f"input file {path} is binary, not text: {_nul_bytes(data)}")
+    return text
+
+
+def _nul_bytes(data: bytes) -> str:
+    """Where a text's first NUL byte is, and what to do about it."""
+    where = data.find(bytes(1))
+    return (f"a NUL byte at byte {where} (a binary file, or UTF-16 text); give UTF-8 text (`iconv -f utf-16 -t "
+            f"utf-8` converts UTF-16)")
 
 
 def _decode_stdin(data: bytes) -> str:
-    nul = data.find(b"\0")
-    if nul >= 0:
-        raise UsageError(f"standard input is binary, not text (a NUL byte at byte {nul}): give UTF-8 text")
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise UsageError(f"standard input is not valid UTF-8 ({error.reason} at byte {error.start}): convert it, "
                          f"e.g. `iconv -f latin1 -t utf-8`") from None
+    if "\0" in text:
+        raise UsageError(f"standard input is binary, not text: {_nul_bytes(data)}")
+    return text
 
 
 def _read_stdin() -> str:
