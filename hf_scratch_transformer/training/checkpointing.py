@@ -47,15 +47,15 @@ class RunState:
 
 
 # What a resumed run must keep: the schedule (restored from the checkpoint) and the batch order and position, the
-# augmentation's draws (augmentation.Augmentation) and the recipe's precision, which sets the run-length rule's steps on
-# a CPU (Recipe.step_budget).
+# augmentation's draws (augmentation.Augmentation), the recipe's precision, which sets the run-length rule's steps on
+# a CPU (Recipe.step_budget), and the masking of protected spans (the training pairs themselves).
 RESUME_SETTINGS = {"args": ("learning_rate", "warmup_steps", "lr_scheduler_type", "seed", "per_device_train_batch_size",
                             "gradient_accumulation_steps", "metric_for_best_model"),
                    "augmentation": AUGMENTATION_FLAGS,
                    "recipe": ("bf16", "fp16"),
                    "data_args": ("dataset_name", "dataset_config_name", "train_file", "max_train_samples", "streaming",
                                  "source_lang", "target_lang", "max_source_length", "max_target_length",
-                                 "max_length_ratio", "max_tokens")}
+                                 "max_length_ratio", "max_tokens", "mask_protected_spans")}
 ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
                        "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "normalize_before",
                        "max_position_embeddings", "share_encoder_decoder_embeddings", "tie_word_embeddings")

@@ -175,8 +175,10 @@ def _test_scores(results: dict, num_beams: int) -> dict:
 def _filter_summary(report: dict) -> str:
     if report["input"] is None:
         return "streamed: empty, over-long and implausible-length-ratio pairs dropped as read"
+    masked = (f"; in {report['masked']} of the pairs kept, the protected spans both sides share were masked by "
+              f"sentinel tokens" if report.get("masked") else "")
     return (f"{report['empty']} empty, {report['too_long']} over-long and {report['bad_ratio']} "
-            f"implausible-length-ratio pairs dropped of {report['input']}")
+            f"implausible-length-ratio pairs dropped of {report['input']}{masked}")
 
 
 def _architecture(config, model_args) -> str:
