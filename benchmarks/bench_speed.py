@@ -471,8 +471,8 @@ def precision_section(results, precision: str) -> list[str]:
     """The Markdown lines of the table of another precision than fp32 (bf16 autocast): training and generation."""
     start, end = results[peak_key(precision)], results.get(peak_key(precision, at_end=True), {})
     lines = ["", f"## {precision} autocast", "",
-             f"The same batches and weights, every forward under `torch.autocast(\"cpu\", torch.bfloat16)` as train.py's "
-             f"bf16 runs (matmuls in bf16, the loss and the optimiser in fp32). This CPU's bf16 matrix units: "
+             "The same batches and weights, every forward under `torch.autocast(\"cpu\", torch.bfloat16)` as "
+             f"train.py's bf16 runs (matmuls in bf16, the loss and the optimiser in fp32). This CPU's bf16 matrix units: "
              f"{results['settings'].get('bf16_units') or 'none (bf16 is emulated)'}; bf16 is train.py's default "
              f"training precision on a CPU that has them. `translate()`, the CLI and the pipeline decode in fp32: the "
              f"generation rows say what bf16 decoding would give. Measured {precision} matmul peak (torch.mm): "
@@ -486,12 +486,12 @@ def precision_section(results, precision: str) -> list[str]:
         lines.append(f"| {preset} | training, non-pad tokens/s (src+tgt) | {training[OURS]['tokens_per_s']:,.0f} | "
                      f"{training[MARIAN]['tokens_per_s']:,.0f} | "
                      f"**{ratio(training[OURS]['tokens_per_s'], training[MARIAN]['tokens_per_s']):.2f}x** |")
-        lines.append(f"| {preset} | training MFU (model GFLOP/s / {precision} peak) | {training[OURS]['mfu'] * 100:.1f}% "
-                     f"({training[OURS]['achieved_gflops']:.0f}) | {training[MARIAN]['mfu'] * 100:.1f}% "
-                     f"({training[MARIAN]['achieved_gflops']:.0f}) | |")
+        lines.append(f"| {preset} | training MFU (model GFLOP/s / {precision} peak) | "
+                     f"{training[OURS]['mfu'] * 100:.1f}% ({training[OURS]['achieved_gflops']:.0f}) | "
+                     f"{training[MARIAN]['mfu'] * 100:.1f}% ({training[MARIAN]['achieved_gflops']:.0f}) | |")
         for key, measured in generation.items():
-            lines.append(f"| {preset} | {generation_label(key)}, new tokens/s | {measured[OURS]['tokens_per_s']:,.0f} | "
-                         f"{measured[MARIAN]['tokens_per_s']:,.0f} | "
+            lines.append(f"| {preset} | {generation_label(key)}, new tokens/s | "
+                         f"{measured[OURS]['tokens_per_s']:,.0f} | {measured[MARIAN]['tokens_per_s']:,.0f} | "
                          f"**{ratio(measured[OURS]['tokens_per_s'], measured[MARIAN]['tokens_per_s']):.2f}x** |")
     return lines
 

@@ -17,8 +17,8 @@ layers, 4 heads, FFN 1,024, ReLU, pre-norm, interleaved sinusoidal positions, sh
 the projections, no dropout) with label smoothing 0.1 and Adam; batches are token-bucketed at 1,024 tokens counted
 the same way by both (sentences x the longer padded side); every process runs at --threads threads
 (OMP_NUM_THREADS, and train.py's --cpu_threads). What differs, by design of each tool: train.py applies its recipe's
-training-time noise to a few sources and puts </s> at the end of the source; eole does neither; the learning-rate
-schedules differ (speed does not depend on them).
+training-time noise to a few sources, eole none; the learning-rate schedules differ (speed does not depend on
+them). Sources end in </s> for both (written into eole's source lines, as our tokenizer adds it).
 
 Training tokens/s: non-padding source + target tokens per second of training time, the median over the log windows
 of --log_every steps after the first window (start-up, first allocations), from each tool's own log (eole's
@@ -54,8 +54,9 @@ EOLE_STEP_LINE = re.compile(r"Step\s+(\d+)/\s*\d+;.*?;\s*([\d.]+)/\s*([\d.]+) to
 # ------------------------------------------------------------------------------------------------------ the data
 def prepare(work: Path, test_sentences: int) -> dict:
     """train.py's training pairs and test sources as token strings (train.src / train.tgt / test.src, one sentence a
-    line, tokens separated by spaces, no </s>) and our vocabulary as eole's (vocab.txt, special tokens left to eole).
-    Returns the tokenizer's vocabulary (token -> id) and counts."""
+    line, tokens separated by spaces; sources end in </s> as ours do, targets get theirs from eole) and our
+    vocabulary as eole's (vocab.txt, special tokens left to eole). Returns the tokenizer's vocabulary (token -> id)
+    and counts."""
     from hf_scratch_transformer.data.loading import DataArguments, load_parallel_corpus
     from hf_scratch_transformer.data.preprocessing import preprocess_corpus
     from hf_scratch_transformer.data.tokenization import train_tokenizer_on_corpus
@@ -68,16 +69,18 @@ def prepare(work: Path, test_sentences: int) -> dict:
     train = preprocess_corpus({"train": raw["train"]}, tokenizer, data_args)[0]["train"]
     special = set(tokenizer.all_special_ids)
 
-    def line(ids) -> str:
+    def line(ids, end: str = "") -> str:
         tokens = tokenizer.convert_ids_to_tokens([i for i in ids if i not in special and i != -100])
         assert all(token.split() == [token] for token in tokens), "a token holds white space"
-        return " ".join(tokens) + "\n"
+        return " ".join(tokens + ([end] if end else [])) + "\n"
 
     work.mkdir(parents=True, exist_ok=True)
-    (work / "train.src").write_text("".join(line(ids) for ids in train["input_ids"]), encoding="utf-8")
+    eos = tokenizer.eos_token  # eole's end of sentence too ("</s>")
+    (work / "train.src").write_text("".join(line(ids, eos) for ids in train["input_ids"]), encoding="utf-8")
     (work / "train.tgt").write_text("".join(line(ids) for ids in train["labels"]), encoding="utf-8")
     sources = [pair[data_args.source_lang] for pair in raw["test"]["translation"][:test_sentences]]
-    (work / "test.src").write_text("".join(line(tokenizer(text)["input_ids"]) for text in sources), encoding="utf-8")
+    (work / "test.src").write_text("".join(line(tokenizer(text)["input_ids"], eos) for text in sources),
+                                   encoding="utf-8")
     vocabulary = [token for token, index in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
                   if index not in special]
     (work / "vocab.txt").write_text("".join(token + "\n" for token in vocabulary), encoding="utf-8")
@@ -218,8 +221,9 @@ def translate_worker(model_dir: str, source: str, beams: int, batch: int, new_to
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = ScratchTransformerForConditionalGeneration.from_pretrained(model_dir).eval()
-    rows = [tokenizer.convert_tokens_to_ids(line.split()) + [tokenizer.eos_token_id]
-            for line in Path(source).read_text(encoding="utf-8").splitlines()]
+    lines = Path(source).read_text(encoding="utf-8").splitlines()
+    rows = [tokenizer.convert_tokens_to_ids(line.split()) for line in lines]
+    assert all(row[-1] == tokenizer.eos_token_id for row in rows)  # the sources end in </s>, as prepare() writes them
     rows.sort(key=len, reverse=True)
     config = GenerationConfig(decoder_start_token_id=model.config.decoder_start_token_id,
                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
@@ -258,7 +262,7 @@ def render(results: dict) -> str:
         f"{training[name]['tokens_per_second']:,.0f}" if name in training else "—" for name in systems) + " |")
     lines.append("| training precision | " + " | ".join(training.get(name, {}).get("precision") or "—"
                                                       for name in systems) + " |")
-    lines.append("| training MFU (train.py's train_mfu) | " + " | ".join(
+    lines.append("| training MFU (train.py's train_mfu, whole run) | " + " | ".join(
         f"{training[name]['mfu']:.1%}" if training.get(name, {}).get("mfu") else "—" for name in systems) + " |")
     for mode, measured in results["translation"].items():
         lines.append(f"| {mode}, new tokens/s | " + " | ".join(

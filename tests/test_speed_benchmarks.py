@@ -17,7 +17,8 @@ def test_matmul_peak_writes_both_dtypes_at_each_thread_count_and_names_the_cpu(t
     torch.set_num_threads(threads)
     saved = json.loads((tmp_path / "p.json").read_text())
     assert saved["gflops"]["1"]["fp32"].keys() == saved["gflops"]["1"]["bf16"].keys() == {"64", "128"}
-    assert all(len(rates) == 3 and min(rates) > 0 for dtype in saved["gflops"]["1"].values() for rates in dtype.values())
+    rates = [rates for dtype in saved["gflops"]["1"].values() for rates in dtype.values()]
+    assert all(len(rounds) == 3 and min(rounds) > 0 for rounds in rates)
     peak = results["peaks"]["1"]
     assert peak["fp32"]["peak_gflops"] == max(sorted(rates)[1] for rates in saved["gflops"]["1"]["fp32"].values())
     markdown = (tmp_path / "p.md").read_text()
