@@ -5,7 +5,7 @@ Model FLOPs count the multiply-adds a Transformer needs for the real (non-paddin
 forward and backward (docs/training.md, "FLOPs and MFU"): every weight matrix a token goes through (lm_head included,
 embedding lookups, biases, norms, softmax and the optimiser not), and attention's two products per query-key pair
 that the masks keep. The peak is what `torch.mm` reaches on large square matrices in the dtype the run's matmuls use
-(bf16 autocast runs them in bf16), at the run's thread count.
+(bf16 autocast runs them in bf16), on a CPU at the most threads the run may use.
 
     flops = training_flops(model.config, source_lengths, target_lengths)      # one batch
     peak = matmul_peak_flops(torch.bfloat16, torch.device("cpu"))             # FLOP/s, about a second
