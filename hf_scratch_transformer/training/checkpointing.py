@@ -32,6 +32,8 @@ class RunState:
     batches_done_in_epoch: int = 0
     train_tokens: int = 0
     train_seconds: float = 0.0
+    train_flops: float | None = None  # model FLOPs trained (flops.py): 0 at a run's start, None read from a
+    # checkpoint written before they were counted (its earlier steps' FLOPs are unknown)
     history: list = field(default_factory=list)
     scheduler: dict = field(default_factory=dict)
     world_size: int = 1  # processes that trained: batches_done_in_epoch counts the batches of each of them
@@ -44,6 +46,13 @@ class RunState:
     validations_without_improvement: int = 0
     wall_seconds: float = 0.0
     stop_reason: str | None = None
+
+    def count_trained(self, seconds: float, tokens: int, flops: float) -> None:
+        """Add a log window's training seconds, tokens and model FLOPs."""
+        self.train_seconds += seconds
+        self.train_tokens += tokens
+        if self.train_flops is not None:
+            self.train_flops += flops
 
 
 # What a resumed run must keep: the schedule (restored from the checkpoint) and the batch order and position, the
