@@ -162,15 +162,18 @@ def tiny_flags(output_dir, **overrides) -> list[str]:
     return flags_to_argv(flags)
 
 
-def run_train(argv: list[str], env: dict | None = None) -> tuple[int, str]:
-    """train.py's main in this process: (exit status, what it printed on stderr)."""
+def run_train(argv: list[str], env: dict | None = None, stdout=None) -> tuple[int, str]:
+    """train.py's main in this process: (exit status, what it printed on stderr). `env` is added to the environment
+    for the run (a value None removes the variable); `stdout` replaces standard output (default: a buffer)."""
     from hf_scratch_transformer.training.run import main
 
     err = io.StringIO()
     saved_env = {key: os.environ.get(key) for key in (env or {})}
-    os.environ.update(env or {})
+    os.environ.update({key: value for key, value in (env or {}).items() if value is not None})
+    for key in [key for key, value in (env or {}).items() if value is None]:
+        os.environ.pop(key, None)
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(stdout or io.StringIO()):
             code = main(argv, REPO / "model_card.md")
     finally:
         for key, value in saved_env.items():
@@ -179,6 +182,30 @@ def run_train(argv: list[str], env: dict | None = None) -> tuple[int, str]:
             else:
                 os.environ[key] = value
     return code, err.getvalue()
+
+
+@contextlib.contextmanager
+def captured_logs(*names: str):
+    """A buffer of what the loggers `names` log (INFO and up) inside the block, whatever logging.disable and their
+    levels say (main() of this script disables the runs' log lines; both are restored after)."""
+    import logging
+
+    buffer, disabled = io.StringIO(), logging.root.manager.disable
+    handler = logging.StreamHandler(buffer)
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    logging.disable(logging.NOTSET)
+    for logger in loggers:
+        logger.addHandler(handler)
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
+    try:
+        yield buffer
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+        logging.disable(disabled)
 
 
 def run_cli(argv: list[str], stdin: bytes | None = None) -> tuple[int, str]:

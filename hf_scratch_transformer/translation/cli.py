@@ -19,6 +19,7 @@ a reader that closes the output early (`| head -1`) ends the command quietly wit
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import os
 import sys
@@ -126,33 +127,60 @@ def split_lines(text: str) -> list[str]:
 def _read_lines(path: str) -> list[str]:
     try:
         with open(path, "rb") as handle:
-            data = handle.read()
+            return split_lines(_text(handle, f"input file {path}", "input file is not valid UTF-8: {path} ({reason})",
+                                     path=path))
     except FileNotFoundError:
         raise UsageError(f"input file not found: {path}") from None
     except IsADirectoryError:
         raise UsageError(f"input file is a directory: {path}") from None
     except OSError as error:
         raise UsageError(f"cannot read input file {path}: {error.strerror or error}") from None
+
+
+STDIN_NOT_UTF8 = "standard input is not valid UTF-8 ({reason}): convert it, e.g. `iconv -f latin1 -t utf-8`"
+READ_CHUNK = 1 << 20  # bytes read at a time: a NUL byte is found within the first megabyte of an endless stream
+
+
+def _text(handle, what: str, not_utf8: str, path: str = "") -> str:
+    """All of a binary `handle` as UTF-8 text, read a chunk at a time. A UTF-8 byte-order mark at the start (what
+    Windows editors write) is not text and is dropped; a NUL byte is no text either and ends the reading at once
+    with one line (binary data, or an endless device such as /dev/zero, which would be read until memory ran out);
+    invalid UTF-8 is refused with `not_utf8` (its {reason} names the byte), whichever of the two comes first."""
+    chunks, size = [], 0
+    while chunk := handle.read(READ_CHUNK):
+        nul = chunk.find(b"\0")
+        chunks.append(chunk if nul < 0 else chunk[:nul])
+        if nul >= 0:
+            _decode(b"".join(chunks), not_utf8, path)  # invalid UTF-8 before the NUL byte is named first
+            raise UsageError(f"{what} holds a NUL byte (byte {size + nul}): it is binary data, not text; give UTF-8 "
+                             f"text, one sentence per line")
+        size += len(chunk)
+    return _decode(b"".join(chunks), not_utf8, path)
+
+
+def _decode(data: bytes, not_utf8: str, path: str = "") -> str:
+    mark = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     try:
-        return split_lines(data.decode("utf-8"))
+        return data[mark:].decode("utf-8")
     except UnicodeDecodeError as error:
-        raise UsageError(f"input file is not valid UTF-8: {path} ({error.reason} at byte {error.start})") from None
+        reason = f"{error.reason} at byte {mark + error.start}"
+        raise UsageError(not_utf8.format(reason=reason, path=path)) from None
 
 
 def _decode_stdin(data: bytes) -> str:
+    """One line typed on an interactive standard input, as UTF-8."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise UsageError(f"standard input is not valid UTF-8 ({error.reason} at byte {error.start}): convert it, "
-                         f"e.g. `iconv -f latin1 -t utf-8`") from None
+        raise UsageError(STDIN_NOT_UTF8.format(reason=f"{error.reason} at byte {error.start}")) from None
 
 
 def _read_stdin() -> list[str]:
-    """Standard input, decoded as UTF-8 strictly: binary input gets the same message as a binary file."""
+    """Standard input, decoded as UTF-8 strictly (as a file is: binary input gets the same message)."""
     if sys.stdin is None:
         return []
     stream = getattr(sys.stdin, "buffer", None)
-    return split_lines(sys.stdin.read() if stream is None else _decode_stdin(stream.read()))
+    return split_lines(sys.stdin.read() if stream is None else _text(stream, "standard input", STDIN_NOT_UTF8))
 
 
 def _stdin_lines():
