@@ -3,10 +3,12 @@
 
 Covers parts 1-3 of the benchmark issue:
   1. training throughput (non-pad tokens/s for forward + backward + AdamW step) and model FLOPs utilisation
-     against this machine's measured fp32 matmul peak;
+     against this machine's measured matmul peak of the same precision;
   2. generation throughput (new tokens/s; greedy and beam 4; batch 1 and 32; fixed number of new tokens),
      with identical weights in both models (and in CTranslate2 for the greedy reference row);
   3. peak memory (VmHWM) of training and of generation, each in a fresh subprocess.
+Training and generation are measured in fp32 and, where the CPU has bf16 matrix units (AMX, AVX-512 BF16), also
+under bf16 autocast, train.py's default training precision there (--precisions to choose).
 
 Both models get the same sizes, the same weights (copied ours -> Marian, including our sinusoid table, so the
 logits agree to float rounding; checked at start-up), the same batches and the same thread count. Repetitions
@@ -14,7 +16,7 @@ alternate the two models (A B, B A, A B, ...) to cancel drift on a shared machin
 
     python benchmarks/bench_speed.py --quick                 # ~2-3 min, small preset only
     python benchmarks/bench_speed.py                         # small + base, ~10 min on 2 cores
-    python benchmarks/bench_speed.py --presets small --repeats 7
+    python benchmarks/bench_speed.py --presets small --repeats 7 --precisions fp32 bf16
     python benchmarks/bench_speed.py --ablate --threads 1      # each speed trick on and off (speed_ablation.py)
 
 Writes benchmarks/results/speed.json, speed.md and the torch.profiler tables profile_*.txt (--ablate:
@@ -24,6 +26,7 @@ ablation.json and ablation.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import json
@@ -40,30 +43,31 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from common import (
-    FIRST_REAL_TOKEN, MARIAN, OURS, PAD, RESULTS, VOCAB, alternate, batch_tokens, build_pair, equivalence_check,
-    machine_info, median, param_counts, random_batch, run_generate, time_call, training_flops, write_results,
+    FIRST_REAL_TOKEN, MARIAN, OURS, PAD, RESULTS, VOCAB, alternate, batch_flops, batch_tokens, build_pair,
+    equivalence_check, machine_info, median, precision_context, random_batch, run_generate, time_call, write_results,
 )
+
+from hf_scratch_transformer.cpu_threads import cpu_bf16_units
+from hf_scratch_transformer.training.flops import PRECISION_DTYPES, matmul_flops, matmul_weights_per_token
 
 hf_logging.set_verbosity_error()
 
 
 # ------------------------------------------------------------------------------------------------ utilities
-def measure_matmul_peak(quick: bool) -> dict:
-    """Best-of-sizes median GFLOP/s of a square fp32 torch.mm with the benchmark's thread count."""
+def measure_matmul_peak(quick: bool, precision: str = "fp32") -> dict:
+    """Best-of-sizes median GFLOP/s of a square torch.mm in the precision's dtype with the benchmark's thread count
+    (the package's timing, hf_scratch_transformer.training.flops.matmul_flops)."""
     out = {}
     for n in ((2048, 4096) if not quick else (2048, 3072)):
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        c = torch.empty(n, n)
-        for _ in range(2):
-            torch.mm(a, b, out=c)
-        times = []
-        for _ in range(5 if not quick else 3):
-            t = time.perf_counter()
-            torch.mm(a, b, out=c)
-            times.append(time.perf_counter() - t)
-        out[str(n)] = 2 * n**3 / median(times) / 1e9
-        del a, b, c
-    return {"gflops_by_size": out, "peak_gflops": max(out.values())}
+        out[str(n)] = median(matmul_flops(n, PRECISION_DTYPES[precision], seconds=0.0,
+                                          min_repeats=3 if quick else 5)) / 1e9
+    return {"dtype": precision, "gflops_by_size": out, "peak_gflops": max(out.values())}
+
+
+def peak_key(precision: str, at_end: bool = False) -> str:
+    """The results key of a matmul peak: "matmul_peak" (fp32, as before bf16 was measured) or "matmul_peak_bf16", with
+    "_at_end" for the second measurement."""
+    return "matmul_peak" + ("" if precision == "fp32" else f"_{precision}") + ("_at_end" if at_end else "")
 
 
 def share_identical(reference: list, sequences: list) -> float:
@@ -117,33 +121,35 @@ def measure_kernels(cfg) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- training
-def train_step(model, opt, batch):
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
-    out.loss.backward()
+def train_step(model, opt, batch, autocast=contextlib.nullcontext):
+    with autocast():
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+    out.loss.float().backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
     return out.loss
 
 
-def bench_training(models: dict, cfg, batches, repeats, warmup, steps_per_rep) -> dict:
-    opts = {}
+def bench_training(models: dict, cfg, batches, repeats, warmup, steps_per_rep, precision: str = "fp32") -> dict:
+    """Training tokens/s and model GFLOP/s of each model (forward under `precision`'s autocast), alternated ABAB."""
+    opts, autocast = {}, precision_context(precision)
     for name, m in models.items():
         m.train()
         opts[name] = torch.optim.AdamW(m.parameters(), lr=1e-4)
     for name, m in models.items():
         for i in range(warmup):
-            train_step(m, opts[name], batches[i % len(batches)])
+            train_step(m, opts[name], batches[i % len(batches)], autocast)
     rates = {n: [] for n in models}
     flops_rates = {n: [] for n in models}
     for rep in range(repeats):
         chosen = [batches[(rep * steps_per_rep + j) % len(batches)] for j in range(steps_per_rep)]
         tokens = sum(sum(batch_tokens(b)) for b in chosen)
-        flops = sum(training_flops(cfg, b) for b in chosen)
+        flops = sum(batch_flops(cfg, b) for b in chosen)
         for name in alternate(list(models), rep):
             gc.collect()
             t = time.perf_counter()
             for b in chosen:
-                train_step(models[name], opts[name], b)
+                train_step(models[name], opts[name], b, autocast)
             dt = time.perf_counter() - t
             rates[name].append(tokens / dt)
             flops_rates[name].append(flops / dt / 1e9)
@@ -159,11 +165,18 @@ def bench_training(models: dict, cfg, batches, repeats, warmup, steps_per_rep) -
 
 
 # ----------------------------------------------------------------------------------------------- generation
-def bench_generation(models: dict, batch, num_beams, new_tokens, repeats, warmup) -> tuple[dict, list]:
-    """new tokens/s of each model's generate(), alternated ABAB; returns the figures and our sequences."""
+def bench_generation(models: dict, batch, num_beams, new_tokens, repeats, warmup,
+                     precision: str = "fp32") -> tuple[dict, list]:
+    """new tokens/s of each model's generate() (under `precision`'s autocast), alternated ABAB; returns the figures
+    and our sequences."""
     for m in models.values():
         m.eval()
-    fns = {name: (lambda m=m: run_generate(m, batch, num_beams, new_tokens)) for name, m in models.items()}
+    autocast = precision_context(precision)
+
+    def generate(m):
+        with autocast():
+            return run_generate(m, batch, num_beams, new_tokens)
+    fns = {name: (lambda m=m: generate(m)) for name, m in models.items()}
     outputs = {}
     for name, fn in fns.items():
         for _ in range(warmup):
@@ -171,9 +184,9 @@ def bench_generation(models: dict, batch, num_beams, new_tokens, repeats, warmup
     times = {n: [] for n in fns}
     for rep in range(repeats):
         for name in alternate(list(fns), rep):
-            t = time.perf_counter()
             fn = fns[name]
-            fn()
+            t = time.perf_counter()
+            outputs[name] = fn()
             times[name].append(time.perf_counter() - t)
     n_new = batch["input_ids"].shape[0] * new_tokens
     res = {name: {"tokens_per_s": n_new / median(ts), "median_s": median(ts), "tokens_per_s_best": n_new / min(ts),
@@ -448,6 +461,41 @@ def kernel_section(preset: str, figures: dict, peak_gflops: float) -> list[str]:
     return lines
 
 
+def generation_label(key: str) -> str:
+    """"greedy_b32" -> "greedy, batch 32"; "beam4_b1" -> "beam 4, batch 1"."""
+    mode, size = key.split("_")
+    return f"{mode.replace('beam', 'beam ')}, batch {size[1:]}"
+
+
+def precision_section(results, precision: str) -> list[str]:
+    """The Markdown lines of the table of another precision than fp32 (bf16 autocast): training and generation."""
+    start, end = results[peak_key(precision)], results.get(peak_key(precision, at_end=True), {})
+    lines = ["", f"## {precision} autocast", "",
+             "The same batches and weights, every forward under `torch.autocast(\"cpu\", torch.bfloat16)` as "
+             f"train.py's bf16 runs (matmuls in bf16, the loss and the optimiser in fp32). This CPU's bf16 matrix units: "
+             f"{results['settings'].get('bf16_units') or 'none (bf16 is emulated)'}; bf16 is train.py's default "
+             f"training precision on a CPU that has them. `translate()`, the CLI and the pipeline decode in fp32: the "
+             f"generation rows say what bf16 decoding would give. Measured {precision} matmul peak (torch.mm): "
+             f"**{start['peak_gflops']:.0f} GFLOP/s** ("
+             + ", ".join(f"{k}: {v:.0f}" for k, v in start["gflops_by_size"].items())
+             + (f"; {end['peak_gflops']:.0f} when re-measured at the end" if end else "")
+             + f"). MFU uses the higher one, {results['mfu_peak_gflops_' + precision]:.0f} GFLOP/s.", "",
+             "| preset | measure | scratch | MarianMT | ratio |", "|---|---|---:|---:|---:|"]
+    for preset, figures in results["presets"].items():
+        training, generation = figures[precision]["training"], figures[precision]["generation"]
+        lines.append(f"| {preset} | training, non-pad tokens/s (src+tgt) | {training[OURS]['tokens_per_s']:,.0f} | "
+                     f"{training[MARIAN]['tokens_per_s']:,.0f} | "
+                     f"**{ratio(training[OURS]['tokens_per_s'], training[MARIAN]['tokens_per_s']):.2f}x** |")
+        lines.append(f"| {preset} | training MFU (model GFLOP/s / {precision} peak) | "
+                     f"{training[OURS]['mfu'] * 100:.1f}% ({training[OURS]['achieved_gflops']:.0f}) | "
+                     f"{training[MARIAN]['mfu'] * 100:.1f}% ({training[MARIAN]['achieved_gflops']:.0f}) | |")
+        for key, measured in generation.items():
+            lines.append(f"| {preset} | {generation_label(key)}, new tokens/s | "
+                         f"{measured[OURS]['tokens_per_s']:,.0f} | {measured[MARIAN]['tokens_per_s']:,.0f} | "
+                         f"**{ratio(measured[OURS]['tokens_per_s'], measured[MARIAN]['tokens_per_s']):.2f}x** |")
+    return lines
+
+
 def render_markdown(results) -> str:
     machine = results["machine"]
     lines = [
@@ -465,6 +513,7 @@ def render_markdown(results) -> str:
         f"({', '.join(f'{k}: {v:.0f}' for k, v in results['matmul_peak']['gflops_by_size'].items())}; "
         f"{results['matmul_peak_at_end']['peak_gflops']:.0f} GFLOP/s when re-measured at the end: a gap means "
         f"the shared machine was busy). MFU uses the higher one, {results['mfu_peak_gflops']:.0f} GFLOP/s.",
+        f"Precisions: {', '.join(results['settings'].get('precisions', ['fp32']))} (the first table is fp32). "
         f"Presets in this run: {', '.join(results['settings']['presets'])}. Training batches hold "
         f"{real_share(results):.0%} real tokens (the rest is padding); MFU counts only the real ones.",
         "",
@@ -478,15 +527,16 @@ def render_markdown(results) -> str:
         lines.append(f"| {preset} | training MFU (model GFLOP/s / peak) | {training[OURS]['mfu'] * 100:.1f}% "
                  f"({training[OURS]['achieved_gflops']:.0f}) | {training[MARIAN]['mfu'] * 100:.1f}% ({training[MARIAN]['achieved_gflops']:.0f}) | | |")
         for key, greedy in figures["generation"].items():
-            mode, size = key.split("_")
             ct2 = greedy.get("ctranslate2")
             ct2_cell = f"{ct2['tokens_per_s']:,.0f}" + (f" ({ct2['intra_threads']} thr)" if "intra_threads" in ct2 else "") if ct2 else ""
-            lines.append(f"| {preset} | {mode} {size[1:]}x, new tokens/s | {greedy[OURS]['tokens_per_s']:,.0f} | "
+            lines.append(f"| {preset} | {generation_label(key)}, new tokens/s | {greedy[OURS]['tokens_per_s']:,.0f} | "
                      f"{greedy[MARIAN]['tokens_per_s']:,.0f} | **{ratio(greedy[OURS]['tokens_per_s'], greedy[MARIAN]['tokens_per_s']):.2f}x** | {ct2_cell} |")
         for task, mem in figures.get("memory", {}).items():
             lines.append(f"| {preset} | peak RSS {task}, MiB (task delta) | {mem[OURS]['peak_rss_mib']:,.0f} "
                      f"(+{mem[OURS]['task_delta_mib']:,.0f}) | {mem[MARIAN]['peak_rss_mib']:,.0f} "
                      f"(+{mem[MARIAN]['task_delta_mib']:,.0f}) | {ratio(mem[OURS]['task_delta_mib'], mem[MARIAN]['task_delta_mib']):.2f}x | |")
+    for precision in results["settings"].get("precisions", ["fp32"])[1:]:
+        lines += precision_section(results, precision)
     for preset, figures in results["presets"].items():
         if figures.get("kernels"):
             lines += kernel_section(preset, figures, results["mfu_peak_gflops"])
@@ -519,6 +569,9 @@ def parse_arguments():
     ap.add_argument("--new-tokens", type=int, default=None, help="new tokens per sentence (default 32, quick 24)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), default=None,
+                    help="training and generation precisions (default: fp32, and bf16 autocast where the CPU has "
+                         "bf16 matrix units: train.py's default training precision there)")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--no-ct2", action="store_true")
     ap.add_argument("--no-profile", action="store_true")
@@ -554,7 +607,9 @@ def compare_with_marian(args) -> None:
     """Parts 1-3 for every preset: generation, CTranslate2, profiles, kernels, training, memory."""
     torch.set_num_threads(args.threads)
     presets = args.presets or (["small"] if args.quick else ["small", "base"])
-    settings = dict(quick=args.quick, presets=presets, repeats=args.repeats or (3 if args.quick else 5),
+    precisions = args.precisions or (["fp32", "bf16"] if cpu_bf16_units() else ["fp32"])
+    settings = dict(quick=args.quick, presets=presets, precisions=precisions, bf16_units=cpu_bf16_units(),
+                    repeats=args.repeats or (3 if args.quick else 5),
                     warmup=args.warmup if args.warmup is not None else 1,
                     new_tokens=args.new_tokens or (24 if args.quick else 32), train_batch_size=64, steps_per_rep=1,
                     seed=args.seed, vocab_size=VOCAB, length_distribution="lognormal(ln 28, 0.4) clipped to [10, 60]; "
@@ -571,11 +626,13 @@ def compare_with_marian(args) -> None:
         "presets": {},
     }
     print(f"machine: {results['machine']['cpu']}, threads {args.threads}", flush=True)
-    results["matmul_peak"] = peak = measure_matmul_peak(args.quick)
-    print(f"fp32 matmul peak: {peak['peak_gflops']:.0f} GFLOP/s", flush=True)
+    for precision in precisions:
+        results[peak_key(precision)] = peak = measure_matmul_peak(args.quick, precision)
+        print(f"{precision} matmul peak: {peak['peak_gflops']:.0f} GFLOP/s", flush=True)
     for preset in presets:
         results["presets"][preset] = bench_preset(preset, args, settings, results, train_batches, gen_batches)
-    results["matmul_peak_at_end"] = measure_matmul_peak(args.quick)  # drift / contention indicator
+    for precision in precisions:  # drift / contention indicator
+        results[peak_key(precision, at_end=True)] = measure_matmul_peak(args.quick, precision)
     results["machine"]["loadavg_at_end"] = list(os.getloadavg())
     finish(results, Path(args.output or RESULTS / "speed.json"))
 
@@ -590,19 +647,23 @@ def bench_preset(preset, args, settings, results, train_batches, gen_batches) ->
                                                 "encoder_attention_heads", "encoder_ffn_dim", "vocab_size", "dropout")},
         "parameters": sum(p.numel() for p in ours.parameters()),
         "parameters_marian": sum(p.numel() for p in marian.parameters()),
-        "matmul_params_per_token": param_counts(cfg),
+        "matmul_params_per_token": matmul_weights_per_token(cfg),
         "equivalence": equivalence_check(ours, marian, train_batches[0]),
     }
     print(f"[{preset}] params {figures['parameters']:,}; equivalence {figures['equivalence']}", flush=True)
     # 2. generation (before training changes the weights; both hold the same weights anyway)
-    figures["generation"], our_sequences = {}, {}
-    for mode, beams in (("greedy", 1), ("beam4", 4)):
-        for size, batch in gen_batches.items():
-            measured, our_sequences[f"{mode}_{size}"] = bench_generation(
-                {OURS: ours, MARIAN: marian}, batch, beams, new_tokens, repeats, warmup)
-            figures["generation"][f"{mode}_{size}"] = measured
-            print(f"[{preset}] {mode} {size}: "
-                  + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in measured.items()), flush=True)
+    our_sequences = {}
+    for precision in settings["precisions"]:
+        generation = precision_figures(figures, precision).setdefault("generation", {})
+        for mode, beams in (("greedy", 1), ("beam4", 4)):
+            for size, batch in gen_batches.items():
+                measured, sequences = bench_generation(
+                    {OURS: ours, MARIAN: marian}, batch, beams, new_tokens, repeats, warmup, precision)
+                generation[f"{mode}_{size}"] = measured
+                if precision == "fp32":
+                    our_sequences[f"{mode}_{size}"] = sequences
+                print(f"[{preset}] {precision} {mode} {size}: "
+                      + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in measured.items()), flush=True)
     if not args.no_ct2:  # in its own process (see ct2_worker), same weights and batches
         add_ct2_figures(preset, args, settings, results, figures, our_sequences, gen_batches, train_batches[0])
     if not args.no_profile and preset == settings["presets"][0]:
@@ -610,13 +671,16 @@ def bench_preset(preset, args, settings, results, train_batches, gen_batches) ->
             {f"{preset}_{k}": v for k, v in write_profiles(ours, preset, train_batches[0], gen_batches,
                                                            new_tokens).items()})
     figures["kernels"] = measure_kernels(cfg)
-    # 1. training throughput
-    training = bench_training({OURS: ours, MARIAN: marian}, cfg, train_batches, repeats, warmup,
-                              settings["steps_per_rep"])
-    figures["training"] = training
-    figures["training_flops_per_batch"] = [training_flops(cfg, b) for b in train_batches]
-    print(f"[{preset}] training: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s {v['achieved_gflops']:.0f} GFLOP/s"
-                                               for k, v in training.items()), flush=True)
+    # 1. training throughput, each precision from the same weights
+    figures["training_flops_per_batch"] = [batch_flops(cfg, b) for b in train_batches]
+    for precision in settings["precisions"]:
+        models = {OURS: copy.deepcopy(ours), MARIAN: copy.deepcopy(marian)}
+        training = bench_training(models, cfg, train_batches, repeats, warmup, settings["steps_per_rep"], precision)
+        precision_figures(figures, precision)["training"] = training
+        print(f"[{preset}] {precision} training: " + ", ".join(
+            f"{k} {v['tokens_per_s']:.0f} tok/s {v['achieved_gflops']:.0f} GFLOP/s" for k, v in training.items()),
+            flush=True)
+        del models
     del ours, marian
     gc.collect()
     # 3. memory, one fresh process per (model, task)
@@ -627,6 +691,12 @@ def bench_preset(preset, args, settings, results, train_batches, gen_batches) ->
                                        for name in (OURS, MARIAN)}
             print(f"[{preset}] memory {task}: {figures['memory'][task]}", flush=True)
     return figures
+
+
+def precision_figures(figures: dict, precision: str) -> dict:
+    """Where a precision's training and generation figures go: the preset's own entries for fp32 (the layout of
+    earlier results files), figures["bf16"] for bf16."""
+    return figures if precision == "fp32" else figures.setdefault(precision, {})
 
 
 def add_ct2_figures(preset, args, settings, results, figures, our_sequences, gen_batches, check_batch) -> None:
@@ -649,13 +719,15 @@ def add_ct2_figures(preset, args, settings, results, figures, our_sequences, gen
 
 
 def finish(results: dict, out: Path) -> None:
-    """MFU against the higher of the two peak measurements (a busy machine only lowers the measured peak, and
-    a lower peak would flatter the MFU), the target check, then speed.json and speed.md."""
-    peak = max(results["matmul_peak"]["peak_gflops"], results.get("matmul_peak_at_end", {}).get("peak_gflops", 0))
-    results["mfu_peak_gflops"] = peak
-    for r in results["presets"].values():
-        for v in r["training"].values():
-            v["mfu"] = v["achieved_gflops"] / peak
+    """MFU of each precision against the higher of its two peak measurements (a busy machine only lowers the
+    measured peak, and a lower peak would flatter the MFU), the target check, then speed.json and speed.md."""
+    for precision in results["settings"].get("precisions", ["fp32"]):
+        peak = max(results[peak_key(precision)]["peak_gflops"],
+                   results.get(peak_key(precision, at_end=True), {}).get("peak_gflops", 0))
+        results["mfu_peak_gflops" + ("" if precision == "fp32" else f"_{precision}")] = peak
+        for figures in results["presets"].values():
+            for v in precision_figures(figures, precision)["training"].values():
+                v["mfu"] = v["achieved_gflops"] / peak
     results["targets"] = targets(results)
     md = render_markdown(results)
     write_results(results, out, md)

@@ -1,7 +1,7 @@
 """What the benchmark scripts share: synthetic batches and train.py's batches, the model pair (ours and a MarianMT of
-the same sizes holding the same weights), the equivalence check, model FLOPs of a training step, fixed-length
-generation, timing helpers (medians, ABAB alternation, paired ratios), machine information and the writing of
-results (JSON + Markdown).
+the same sizes holding the same weights), the equivalence check, model FLOPs of a training batch (the package's
+`training.flops`), train.py's autocast for a precision, fixed-length generation, timing helpers (medians, ABAB
+alternation, paired ratios), machine information and the writing of results (JSON + Markdown).
 
 The scripts run as `python benchmarks/<script>.py`, which puts this folder on `sys.path`, so they `import common`;
 importing it also puts the repository root on `sys.path`, so this checkout's package is used, installed or not.
@@ -34,6 +34,8 @@ from transformers import GenerationConfig, MarianConfig, MarianMTModel  # noqa: 
 from hf_scratch_transformer.configuration_scratch_transformer import ScratchTransformerConfig  # noqa: E402
 from hf_scratch_transformer.cpu_threads import cpu_model_and_flags  # noqa: E402
 from hf_scratch_transformer.modeling_scratch_transformer import ScratchTransformerForConditionalGeneration
+from hf_scratch_transformer.training.flops import tokens_and_flops  # noqa: E402  (the package's, one formula)
+from hf_scratch_transformer.training.loop import mixed_precision_autocast  # noqa: E402  (train.py's autocast)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VOCAB = 8000
@@ -191,35 +193,6 @@ def equivalence_check(ours, marian, batch) -> dict:
     return {"max_abs_logit_diff": diff, "loss_ours": ours_out.loss.item(), "loss_marian": marian_out.loss.item()}
 
 
-# ------------------------------------------------------------------------------------------------- model FLOPs
-def param_counts(cfg) -> dict[str, int]:
-    """Weights that take part in matmuls, per token of each kind (biases, norms, embeddings lookups excluded)."""
-    D, F, V = cfg.d_model, cfg.encoder_ffn_dim, cfg.vocab_size
-    Fd = cfg.decoder_ffn_dim
-    return {
-        "encoder_per_src_token": cfg.encoder_layers * (4 * D * D + 2 * D * F),
-        "cross_kv_per_src_token": cfg.decoder_layers * 2 * D * D,
-        "decoder_per_tgt_token": cfg.decoder_layers * (4 * D * D + 2 * D * D + 2 * D * Fd) + D * V,
-    }
-
-
-def training_flops(cfg, batch) -> float:
-    """Model FLOPs of one forward + backward on `batch`, counting only non-pad tokens (documented in README).
-
-    forward matmul FLOPs = 2 x (weights used) per token; backward = 2 x forward -> 6 x weights x tokens.
-    Attention (QK^T and AV, 2 matmuls of 2*L*D FLOPs per query and layer): encoder self 4*D*sum(S_i^2),
-    decoder self 4*D*sum(T_i^2)/2 (causal half), cross 4*D*sum(S_i*T_i); times 3 for training."""
-    p = param_counts(cfg)
-    src = batch["attention_mask"].sum(1).double()
-    tgt = (batch["labels"] != -100).sum(1).double()
-    D = cfg.d_model
-    dense = 6 * (src.sum() * (p["encoder_per_src_token"] + p["cross_kv_per_src_token"])
-                 + tgt.sum() * p["decoder_per_tgt_token"])
-    attn = 3 * 4 * D * (cfg.encoder_layers * (src**2).sum()
-                        + cfg.decoder_layers * ((tgt**2).sum() / 2 + (src * tgt).sum()))
-    return float(dense + attn)
-
-
 # -------------------------------------------------------------------------------------------------- generation
 def fixed_length_generation_config(num_beams: int, new_tokens: int) -> GenerationConfig:
     """Exactly `new_tokens` new tokens per sentence whatever the weights (min = max), greedy or beam search."""
@@ -234,6 +207,16 @@ def fixed_length_generation_config(num_beams: int, new_tokens: int) -> Generatio
 def run_generate(model, batch, num_beams: int, new_tokens: int) -> torch.Tensor:
     return model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                           generation_config=fixed_length_generation_config(num_beams, new_tokens))
+
+
+def batch_flops(cfg, batch) -> float:
+    """Model FLOPs of one training forward + backward on `batch` (hf_scratch_transformer.training.flops)."""
+    return tokens_and_flops(cfg, batch)[1]
+
+
+def precision_context(precision: str):
+    """A factory of the context a forward runs in at `precision` ("fp32" or "bf16"), as train.py's loop makes it."""
+    return mixed_precision_autocast(precision, torch.device("cpu"))
 
 
 # ------------------------------------------------------------------------------------------------------ timing

@@ -4,16 +4,26 @@ sentence splitting costs. Each writes results/real_text_<measure>.json and .md, 
     python benchmarks/real_text.py documents --model outputs/scratch-small-en-es
     python benchmarks/real_text.py glossary --model outputs/scratch-small-en-es     # benchmarks/bible_glossary.tsv
     python benchmarks/real_text.py splitting --model outputs/scratch-small-en-es    # timing: run on an idle machine
-    python benchmarks/real_text.py software --model outputs/ui-en-es --source test.en --target test.es
+    python benchmarks/real_text.py software --model outputs/ui-en-es --compare_model outputs/ui-en-es-plain \
+        --test_file data/software_en_es/test.jsonl
 
 documents: every chapter of the shipped test split as one paragraph (its verses joined by spaces), translated as a
 document, against the same verses one per line (each verse one unit, as before documents were split, and each
 verse split into its sentences, today's default). Pass: output words >= 0.9 x the reference's, and document BLEU
 (the chapters as segments) within 1.0 of the line-by-line translation joined per chapter.
-software: a test file of UI/CLI strings with placeholders; per line with spans (printf, format, tags, URLs,
-e-mails), whether the translation holds the same multiset of them; BLEU with the model's default protection (on for
-a model trained with sentinels), with protection on (stripping, for a model without) and off. Pass: 100 % of lines keep their multiset; BLEU no lower than the model trained without masking
-(run this on both models).
+software: a test split of UI/CLI strings with placeholders (`--test_file` JSON lines with a `translation` field, as
+`benchmarks/build_corpora.py software_en_es` writes them, or `--source` / `--target` one string per line); per
+line with spans (printf, format, tags, URLs, e-mails), whether the translation holds the same multiset of them; BLEU
+with the model's default protection (on for a model trained with masked spans), with protection on and off; how
+the spans came back (placed by the model, aligned, ...). Masking on against off: train the same recipe twice,
+
+    python train.py --train_file data/software_en_es/train.jsonl \
+        --validation_file data/software_en_es/validation.jsonl --test_file data/software_en_es/test.jsonl \
+        --output_dir outputs/ui-en-es
+    python train.py ... --mask_protected_spans false --output_dir outputs/ui-en-es-plain
+
+and give the second as `--compare_model`: both are measured the same way. Pass: 100 % of lines keep their multiset
+with the model's default, and its BLEU is no lower than the compared model's (trained without masking) default.
 glossary: the test split with and without the glossary: occurrences honoured (the target term in the translation)
 and the BLEU change. Pass: >= 99 % honoured.
 splitting: the CLI's work on the test split (one verse per line) with and without sentence splitting, alternated
@@ -35,7 +45,7 @@ import sacrebleu
 import torch
 
 from hf_scratch_transformer.glossary import read_glossary
-from hf_scratch_transformer.protected_spans import SpanProtector
+from hf_scratch_transformer.protected_spans import SpanProtector, tokenizer_has_sentinels
 from hf_scratch_transformer.translation.translate import load_model_and_tokenizer
 from hf_scratch_transformer.translation_core import DecodingOptions, TextOptions, TorchBackend, translate_texts
 
@@ -81,21 +91,50 @@ def documents(backend, tokenizer, args) -> dict:
     return results
 
 
-def software(backend, tokenizer, args) -> dict:
+def software_pairs(args) -> tuple[list[str], list[str]]:
+    """(sources, references) of the software test split: --test_file (JSON lines) or --source / --target."""
+    if args.test_file:
+        with open(args.test_file, encoding="utf-8") as lines:
+            pairs = [json.loads(line)["translation"] for line in lines if line.strip()]
+        return [pair[args.source_lang] for pair in pairs], [pair[args.target_lang] for pair in pairs]
     sources = Path(args.source).read_text(encoding="utf-8").splitlines()
     references = Path(args.target).read_text(encoding="utf-8").splitlines()
     if len(sources) != len(references):
         raise SystemExit(f"{args.source} has {len(sources)} lines but {args.target} {len(references)}")
+    return sources, references
+
+
+def software_runs(backend, tokenizer, sources: list[str], references: list[str], args) -> dict:
+    """One model on the software strings, protection at its default, on and off: BLEU, the lines that keep their
+    spans, and how the spans came back."""
     protector = SpanProtector()
     expected = [Counter(span.text for span in protector.find(source)) for source in sources]
-    results = {"lines": len(sources), "lines_with_spans": sum(bool(spans) for spans in expected)}
+    with_spans = sum(bool(spans) for spans in expected)
+    results = {"sentinel_tokens": tokenizer_has_sentinels(tokenizer)}
     for name, protect in (("default", None), ("on", True), ("off", False)):
-        found = [t.text for t in translate(backend, tokenizer, sources, args, protect=protect)]
-        kept = sum(all(text.count(span) == count for span, count in spans.items())
-                   for text, spans in zip(found, expected) if spans)
-        results[name] = {"bleu": bleu(found, references), "lines_keeping_spans": kept,
-                         "kept_percent": round(100 * kept / max(results["lines_with_spans"], 1), 2)}
-    results["passed"] = results["default"]["kept_percent"] == 100.0
+        found = translate(backend, tokenizer, sources, args, protect=protect)
+        kept = sum(all(t.text.count(span) == count for span, count in spans.items())
+                   for t, spans in zip(found, expected) if spans)
+        results[name] = {"bleu": bleu([t.text for t in found], references), "lines_keeping_spans": kept,
+                         "kept_percent": round(100 * kept / max(with_spans, 1), 2),
+                         "how": dict(Counter(entry["how"] for t in found for entry in t.spans))}
+    return results
+
+
+def software(backend, tokenizer, args) -> dict:
+    sources, references = software_pairs(args)
+    protector = SpanProtector()
+    results = {"lines": len(sources), "lines_with_spans": sum(bool(protector.find(source)) for source in sources),
+               "model_results": software_runs(backend, tokenizer, sources, references, args)}
+    passed = results["model_results"]["default"]["kept_percent"] == 100.0
+    if args.compare_model:
+        model, compared_tokenizer = load_model_and_tokenizer(args.compare_model)
+        results["compare_model"] = str(args.compare_model)
+        results["compared_results"] = software_runs(TorchBackend(model), compared_tokenizer, sources, references,
+                                                    args)
+        passed = passed and (results["model_results"]["default"]["bleu"]
+                             >= results["compared_results"]["default"]["bleu"])
+    results["passed"] = passed
     return results
 
 
@@ -147,8 +186,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("measure", choices=sorted(MEASURES))
     parser.add_argument("--model", required=True, help="a model directory written by train.py")
-    parser.add_argument("--source", help="software: the test sources, one per line")
+    parser.add_argument("--test_file", help="software: the test split, JSON lines with a `translation` field")
+    parser.add_argument("--source", help="software: the test sources, one per line (instead of --test_file)")
     parser.add_argument("--target", help="software: the test references, one per line")
+    parser.add_argument("--compare_model", help="software: a model trained without masking, measured the same way")
     parser.add_argument("--glossary", default=GLOSSARY, help=f"glossary: the TSV file (default {GLOSSARY.name})")
     parser.add_argument("--source_lang", default="en")
     parser.add_argument("--target_lang", default="es")
@@ -158,8 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2, help="splitting: timed runs of each")
     parser.add_argument("--output", type=Path, help="results JSON (default results/real_text_<measure>.json)")
     args = parser.parse_args(argv)
-    if args.measure == "software" and not (args.source and args.target):
-        parser.error("software needs --source and --target")
+    if args.measure == "software" and not (args.test_file or (args.source and args.target)):
+        parser.error("software needs --test_file, or --source and --target")
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer(args.model)
     machine = common.machine_info(args.threads)

@@ -11,8 +11,9 @@ label-smoothed loss in forward, as train.py does; MarianMT computes its logits a
 start from the same weights (copied). The two are timed in alternation (ABAB) and the median of the repetitions
 is reported.
 
-MFU = model FLOPs of the step (6 x matmul weights x non-pad tokens + attention, `training_flops`) / step time /
-the peak measured on the same device for the same dtype with torch.mm. Results go to
+MFU = model FLOPs of the step (the package's `training.flops`: 6 x matmul weights x non-pad tokens + attention) /
+step time / the peak measured on the same device for the same dtype with torch.mm (`training.flops.matmul_flops`,
+the timing train.py's own MFU uses). Results go to
 `benchmarks/results/training_throughput_<device>.json` and `.md`.
 """
 
@@ -26,7 +27,9 @@ import torch
 import torch.nn.functional as F
 from datasets import disable_progress_bars
 
-from common import RESULTS, VOCAB, build_pair, machine_info, train_py_batches, training_flops, write_results
+from common import RESULTS, VOCAB, batch_flops, build_pair, machine_info, train_py_batches, write_results
+
+from hf_scratch_transformer.training.flops import matmul_flops
 
 LABEL_SMOOTHING = 0.1
 
@@ -41,19 +44,7 @@ def corpus_batches(max_tokens: int, count: int, vocab_size: int, max_train_sampl
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, sizes=(4096, 8192)) -> float:
     """Best median FLOP/s of a square torch.mm in `dtype` on `device`."""
-    best = 0.0
-    for n in sizes:
-        a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-        times = []
-        for repetition in range(7):
-            _sync(device)
-            started = time.perf_counter()
-            torch.mm(a, b)
-            _sync(device)
-            if repetition >= 2:
-                times.append(time.perf_counter() - started)
-        best = max(best, 2 * n**3 / statistics.median(times))
-    return best
+    return max(statistics.median(matmul_flops(n, dtype, device, seconds=0.0, min_repeats=5)) for n in sizes)
 
 
 def _sync(device: torch.device) -> None:
@@ -111,7 +102,7 @@ def measure(args) -> dict:
             seconds[name].append(time.perf_counter() - started)
     tokens = sum(int(b["attention_mask"].sum()) + int((b["labels"] != -100).sum()) for b in batches)
     padded = sum(b["input_ids"].numel() + b["labels"].numel() for b in batches)
-    flops = sum(training_flops(config, batch) for batch in batches)
+    flops = sum(batch_flops(config, {key: value.cpu() for key, value in batch.items()}) for batch in batches)
     peak = matmul_peak(device, dtype, sizes=(1024, 2048) if args.quick else (4096, 8192))
     results = {"settings": vars(args), "device_name": _device_name(device), "torch": torch.__version__,
                "machine": machine_info(torch.get_num_threads()),

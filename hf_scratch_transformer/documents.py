@@ -88,9 +88,11 @@ def sentences(text: str, language: str | None) -> list[str]:
     return found
 
 
-def split_document(text: str, language: str | None, segment: bool = True) -> Layout:
+def split_document(text: str, language: str | None, segment: bool = True,
+                   keep_whole: list[tuple[int, int]] = ()) -> Layout:
     """`text` as leading white space and units: its sentences (paragraphs split at blank lines first), or, without
-    `segment`, the whole text stripped as one unit."""
+    `segment`, the whole text stripped as one unit. Two sentences cut inside a `keep_whole` character range of
+    `text` (a protected span: the segmenter may take the "." of `%.*s` for a full stop) are one unit."""
     stripped = text.lstrip()
     layout = Layout(text[: len(text) - len(stripped)])
     if not stripped:
@@ -100,16 +102,42 @@ def split_document(text: str, language: str | None, segment: bool = True) -> Lay
         body = stripped.rstrip()
         layout.units.append(Unit(body, stripped[len(body):]))
         return layout
-    position = 0
-    for blank in [*_BLANK_LINES.finditer(stripped), None]:
-        end = blank.start() if blank else len(stripped)
-        paragraph = stripped[position:end]
+    for paragraph, blank in _paragraphs(stripped):
         for sentence in sentences(paragraph, language) if paragraph.strip() else []:
             _append(layout, sentence)
-        if blank:
-            _append(layout, blank.group(0))
-            position = blank.end()
+        _append(layout, blank)
+    if keep_whole:
+        _rejoin(layout, keep_whole)
     return layout
+
+
+def _rejoin(layout: Layout, keep_whole: list[tuple[int, int]]) -> None:
+    """Join each unit with the next where a range (sorted, not overlapping) starts in it and ends after the white
+    space between them: the cut fell inside the range."""
+    ranges = sorted(keep_whole)
+    starts = [start for start, _ in ranges]
+    joined, position, continues = [], len(layout.leading), False
+    for unit in layout.units:
+        if continues:
+            previous = joined[-1]
+            previous.text += previous.separator + unit.text
+            previous.separator = unit.separator
+        else:
+            joined.append(unit)
+        text_end = position + len(unit.text)
+        position = text_end + len(unit.separator)
+        last = bisect.bisect_left(starts, text_end) - 1  # the last range starting before the cut
+        continues = last >= 0 and ranges[last][1] > position
+    layout.units = joined
+
+
+def _paragraphs(text: str):
+    """(paragraph, the blank lines after it) pairs that join back into `text`; the last blank is ""."""
+    position = 0
+    for blank in _BLANK_LINES.finditer(text):
+        yield text[position : blank.start()], blank.group(0)
+        position = blank.end()
+    yield text[position:], ""
 
 
 def _append(layout: Layout, piece: str) -> None:
@@ -203,19 +231,30 @@ def _fit(pieces: list[Unit], tokenizer, max_tokens: int) -> list[Unit]:
 # --------------------------------------------------------------------------------------------------------------
 # Files as texts
 # --------------------------------------------------------------------------------------------------------------
-def split_input(content: str, input_format: str) -> list[str]:
-    """The texts of a file: "lines" (each line, ended by \\n or \\r\\n, a text), "paragraphs" (blocks separated by
-    blank lines; the blank lines are not texts) or "file" (the whole content one text)."""
+def split_input(content: str, input_format: str) -> Layout:
+    """A file's content as the texts to translate (the layout's units) and what stands between them (their
+    separators), so that `layout.join(translations)` writes the translations back in the file's own frame:
+
+    - "lines": each line (ended by \\n or \\r\\n, or by the end of the file) is a text, empty or not, and its
+      separator is "\\n": output line N belongs to input line N;
+    - "paragraphs": blocks separated by blank lines (lines of white space only) are the texts, and the blank lines
+      between them, the white space before the first and after the last, come back as they were;
+    - "file": the whole content is one text (which keeps its own white space).
+    """
     if input_format not in INPUT_FORMATS:
         raise ValueError(f"input format must be one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
     if input_format == "file":
-        return [content] if content else []
+        return Layout("", [Unit(content)] if content else [])
     if input_format == "paragraphs":
-        return [block.strip("\r\n") for block in _BLANK_LINES.split(content) if block.strip()]
+        layout = Layout("")
+        for paragraph, blank in _paragraphs(content):
+            _append(layout, paragraph)
+            _append(layout, blank)
+        return layout
     lines = content.split("\n")
     if lines[-1] == "":
         lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    return Layout("", [Unit(line.removesuffix("\r"), "\n") for line in lines])
 
 
 __all__ = [

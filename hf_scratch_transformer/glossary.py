@@ -99,7 +99,13 @@ def read_glossary(path: str | os.PathLike) -> Glossary:
     except UnicodeDecodeError as error:
         raise GlossaryError(f"the glossary {name} is not valid UTF-8 ({error.reason} at byte {error.start}): "
                             f"convert it, e.g. `iconv -f latin1 -t utf-8`") from None
-    return Glossary.from_pairs(_entries(text, name))
+    return parse_glossary(text, name)
+
+
+def parse_glossary(text: str, name: str = "the glossary") -> Glossary:
+    """The glossary in `text` (the TSV lines of a file, or typed into the demo's field), checked line by line as
+    `read_glossary` checks a file; `name` says where the lines come from in the messages."""
+    return Glossary.from_pairs(_entries(text.removeprefix("\ufeff"), name))
 
 
 def _entries(text: str, name: str):
@@ -141,4 +147,4 @@ def report(terms: list[Span], outcomes: list[str], translation: str, lost: list[
     return entries
 
 
-__all__ = ["Glossary", "GlossaryError", "read_glossary", "report"]
+__all__ = ["Glossary", "GlossaryError", "parse_glossary", "read_glossary", "report"]

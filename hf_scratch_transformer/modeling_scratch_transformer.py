@@ -16,6 +16,7 @@ Dh = D / H head width, F feed-forward width, V vocabulary. Tensors are (B, L, D)
 
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Unpack
 
 import torch
@@ -177,11 +178,19 @@ class MultiHeadAttention(nn.Module):
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        output, weights = attention(
-            self, query, key, value, attention_mask,
-            dropout=self.dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
-        )  # (B, T, H, Dh)
-        return self.out_proj(output.reshape(batch_size, length, -1)), weights
+        dtype = query.dtype
+        in_fp32 = dtype == torch.bfloat16 and query.is_cpu and torch.is_grad_enabled()
+        if in_fp32:
+            # torch's CPU kernel of scaled_dot_product_attention runs its backward 5-6x slower in bf16 than in fp32
+            # (torch 2.13; benchmarks/results/attention_bf16_cpu.md): when training in bf16 on a CPU, attend in fp32
+            # (autocast, which would cast the inputs back to bf16, is paused for the call).
+            query, key, value = query.float(), key.float(), value.float()
+        with torch.autocast("cpu", enabled=False) if in_fp32 else nullcontext():
+            output, weights = attention(
+                self, query, key, value, attention_mask,
+                dropout=self.dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
+            )  # (B, T, H, Dh)
+        return self.out_proj(output.to(dtype).reshape(batch_size, length, -1)), weights
 
 
 class PositionwiseFeedForward(nn.Module):

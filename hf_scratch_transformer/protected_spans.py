@@ -266,7 +266,11 @@ def restore(protected: ProtectedText, translation: str, links: Links | None = No
     """The translation with every span back exactly once (see the module's docstring). `links` align the model
     text's tokens with the translation's words (None: no alignment, relative positions)."""
     spans = protected.spans
-    if not spans:
+    if not spans:  # a sentinel model may still write a sentinel: one the source does not hold is removed
+        stray = protected.sentinels and any(m.group(0) not in protected.source for m in _SENTINEL.finditer(translation))
+        if stray:
+            translation = _SENTINEL.sub(lambda m: m.group(0) if m.group(0) in protected.source else "", translation)
+            translation = re.sub(" {2,}", " ", translation).strip()
         return Restored(translation, [])
     draft = _Draft(translation, spans)
     links = links or []

@@ -551,7 +551,8 @@ def translate_texts(backend, tokenizer, texts: list[str], options: DecodingOptio
 def _plan(texts, tokenizer, text_options: TextOptions, protector, sentinels: bool, limit: int):
     """(layout per text, units): texts cut into sentences, over-long ones into pieces, spans hidden."""
     language = text_options.source_lang or source_language(tokenizer)
-    layouts = [split_document(text, language, text_options.segment) for text in texts]
+    layouts = [split_document(text, language, text_options.segment, _span_ranges(text, protector, text_options))
+               for text in texts]
     sentences = [model_text(unit.text) for layout in layouts for unit in layout.units]
     lengths = iter([len(ids) for ids in tokenizer(sentences, add_special_tokens=False, verbose=False)["input_ids"]]
                    if sentences else [])
@@ -573,6 +574,14 @@ def _plan(texts, tokenizer, text_options: TextOptions, protector, sentinels: boo
                        f"{sum(count for _, count in too_long)} pieces at clauses or between words, and translated "
                        f"piece by piece (first: text {too_long[0][0] + 1})")
     return layouts, units
+
+
+def _span_ranges(text: str, protector, text_options: TextOptions) -> list[tuple[int, int]]:
+    """Where the protected spans and glossary terms of a whole text are: no sentence ends inside one."""
+    if protector is None or not text_options.segment:
+        return []
+    terms = text_options.glossary.find(text) if text_options.glossary else []
+    return [(span.start, span.end) for span in protector.find(text, terms)]
 
 
 def _protect(index: int, text: str, protector, glossary, sentinels: bool) -> _Unit:

@@ -8,9 +8,11 @@ import random
 
 import pytest
 import torch
+from datasets import Dataset
 from helpers import PAIRS, run_quick
 from safetensors.torch import load_file
 
+from hf_scratch_transformer.data.tokenization import train_tokenizer_on_corpus
 from hf_scratch_transformer.training.augmentation import (
     AUGMENTATION_FLAGS,
     Augmentation,
@@ -48,6 +50,22 @@ def test_dropout_is_seeded_varied_and_keeps_the_text(corpus_tokenizer):
         assert corpus_tokenizer.decode(list(ids), skip_special_tokens=True) == expected
         assert ids[-1] == corpus_tokenizer.eos_token_id
     assert min(map(len, segmentations)) >= len(corpus_tokenizer(text)["input_ids"])  # dropout only splits
+
+
+def test_dropout_keeps_the_sentinel_tokens_whole(corpus_tokenizer):
+    """A training pair masked with sentinels: BPE-dropout splits the words around them, never a sentinel itself
+    (were it split into its bytes, the model would never see ｟0｠ as the one token it reads at translation)."""
+    tokenizer = train_tokenizer_on_corpus(Dataset.from_dict({"translation": [{"en": a, "es": b} for a, b in PAIRS]}),
+                                          "en", "es", vocab_size=300, sentinels=True)
+    text = "Borrados ｟0｠ archivos de ｟1｠｟2｠, ｟31｠."
+    assert BPEDropout(tokenizer, 0.0).encode(text, random.Random(0)) == tokenizer(text)["input_ids"]
+    sentinel_ids = set(tokenizer.convert_tokens_to_ids(["｟0｠", "｟1｠", "｟2｠", "｟31｠"]))
+    dropout = BPEDropout(tokenizer, 0.5)
+    for seed in range(10):
+        ids = dropout.encode(text, random.Random(seed))
+        assert [token for token in ids if token in sentinel_ids] == tokenizer.convert_tokens_to_ids(
+            ["｟0｠", "｟1｠", "｟2｠", "｟31｠"])
+        assert tokenizer.decode(ids, skip_special_tokens=True) == text
 
 
 def test_the_shortcut_draws_segmentations_as_often_as_the_full_algorithm(corpus_tokenizer):

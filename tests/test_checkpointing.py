@@ -84,6 +84,16 @@ def test_resume_in_another_precision_is_refused(finished_run, tmp_path, capsys):
     assert digests(run_dir / "checkpoint-4") == before
 
 
+def test_resume_with_the_masking_of_protected_spans_changed_is_refused(finished_run, tmp_path, capsys):
+    """The masking changes the training pairs themselves (and the tokenizer's sentinels): a run started with it is
+    not continued without it."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    message = fails_with(tiny_run_flags(run_dir, max_steps=6, resume_from_checkpoint="latest",
+                                        mask_protected_spans=False), capsys)
+    assert "checkpoint-4 was trained with other settings (--mask_protected_spans True -> False)" in message
+
+
 def test_resume_from_a_half_copied_checkpoint_is_refused(finished_run, tmp_path, capsys):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)

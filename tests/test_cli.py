@@ -3,6 +3,7 @@ lists and alignments, the line contract, flags checked before loading, closed an
 
 import contextlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -14,9 +15,10 @@ from helpers import PAIRS_EN_ES, REPO, png_size, start_cli
 from tmpfs import small_tmpfs
 
 from hf_scratch_transformer import plotting
+from hf_scratch_transformer.documents import split_input
 from hf_scratch_transformer.translation import cli
 from hf_scratch_transformer.translation.translate import translate
-from hf_scratch_transformer.translation_core import format_alignment, hard_alignment
+from hf_scratch_transformer.translation_core import format_alignment, hard_alignment, text_alignment
 
 SOURCES = [source for source, _ in PAIRS_EN_ES]
 REFERENCES = dict(PAIRS_EN_ES)
@@ -183,7 +185,8 @@ def test_only_newline_and_crlf_end_a_line(trained_model, tmp_path, monkeypatch, 
     _stdin(monkeypatch, data.encode("utf-8"))
     assert cli.main(["--model", str(model_dir)]) == 0
     assert capsys.readouterr().out.split("\n") == expected + [""]
-    assert cli.split_lines("a\r\nb\rc\n\nd") == ["a", "b\rc", "", "d"] and cli.split_lines("") == []
+    lines = split_input("a\r\nb\rc\n\nd", "lines")
+    assert [unit.text for unit in lines.units] == ["a", "b\rc", "", "d"] and split_input("", "lines").units == []
 
 
 def _write(path, text: str):
@@ -331,3 +334,151 @@ def test_a_working_directory_deleted_under_the_command(trained_model, tmp_path, 
     assert cli.main(["--model", str(model_dir), "-o", "relative.txt", "Jesus wept."]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the working directory was deleted, so --output_file relative.txt" in err
+
+
+# ------------------------------------------------------------------------------------ documents, formats, reports
+DOCUMENT = "Jesus wept. God is love.\r\n\r\n  The Lord is my shepherd.\nI shall not want.\n \n\nAmen"
+
+
+def test_input_formats_write_each_text_back_in_the_input_s_own_frame(trained_model, tmp_path, capsys):
+    """lines: a line per line; paragraphs: each block translated whole, the blank lines (CRLF, spaces, three line
+    breaks) and the missing final line break as in the input; file: the whole input as one document."""
+    model, tokenizer, model_dir = trained_model
+    source = _write(tmp_path / "doc.txt", DOCUMENT)
+    outputs = {}
+    for input_format in ("lines", "paragraphs", "file"):
+        assert cli.main(["--model", str(model_dir), "-i", str(source), "--input_format", input_format,
+                         "--no_progress"]) == 0
+        outputs[input_format] = capsys.readouterr().out
+    lines = DOCUMENT.replace("\r\n", "\n").split("\n")
+    assert outputs["lines"] == "".join(text.replace("\r", " ") + "\n" for text in translate(model, tokenizer, lines))
+    blocks = ["Jesus wept. God is love.", "The Lord is my shepherd.\nI shall not want.", "Amen"]
+    one, two, three = translate(model, tokenizer, blocks)
+    assert "\n" in two and outputs["paragraphs"] == f"{one}\r\n\r\n  {two}\n \n\n{three}"
+    assert outputs["file"] == translate(model, tokenizer, [DOCUMENT])[0] == outputs["paragraphs"]
+    assert cli.main(["--model", str(model_dir), "--input_format", "paragraphs", "--nbest", "1", "-i", str(source),
+                     "--no_progress"]) == 0
+    assert [row[0] for row in _blocks(capsys.readouterr().out)] == ["H-1", "H-2", "H-3"]
+
+
+def test_jsonl_has_one_object_per_input_with_confidence_nbest_alignment_and_reports(trained_model, tmp_path, capsys):
+    model, tokenizer, model_dir = trained_model
+    glossary = _write(tmp_path / "terms.tsv", "Jesus\tCristo\nGod\tDios\n")
+    texts = ["Jesus wept.", "", "Read <b>%d</b> at http://God.org now.", "God is love.\u2028Jesus wept."]
+    assert cli.main(["--model", str(model_dir), "--output_format", "jsonl", "--nbest", "2", "--num_beams", "2",
+                     "--print_alignment", "--protect", "on", "--glossary", str(glossary), *texts]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == len(texts)  # U+2028 escaped: a JSON line is a line for every reader
+    records = [json.loads(line) for line in captured.out.splitlines()]
+    found = translate(model, tokenizer, texts, num_beams=2, num_return_sequences=2, protect=True, details=True,
+                      glossary={"Jesus": "Cristo", "God": "Dios"})
+    for number, (record, translation) in enumerate(zip(records, found), start=1):
+        assert record["id"] == number and record["source"] == texts[number - 1]
+        assert (record["translation"], record["confidence"]) == (translation.text, translation.confidence)
+        assert record["spans"] == translation.spans and record["glossary"] == translation.glossary
+        assert [(h["text"], h["score"], h["confidence"]) for h in record["nbest"]] == \
+            [(h.text, h.score, h.confidence) for h in translation.hypotheses]
+        assert record["alignment"] == [list(pair) for pair in text_alignment(model, tokenizer, translation)]
+        assert [h["alignment"] for h in record["nbest"]] == \
+            [[list(pair) for pair in text_alignment(model, tokenizer, translation, rank)] for rank in range(2)] \
+            if translation.hypotheses else record["nbest"] == []
+    assert records[1] == {"id": 2, "source": "", "translation": "", "confidence": None, "spans": [], "glossary": [],
+                          "nbest": [], "alignment": []}
+    assert records[0]["confidence"] < 0 and "Cristo" in records[0]["translation"]
+    assert [span["text"] for span in records[2]["spans"]] == ["<b>", "%d", "</b>", "http://God.org"]
+    assert [(entry["source"], entry["honoured"]) for entry in records[2]["glossary"]] == [("God", False)]
+    assert captured.err.strip() == ("warning: 1 of 4 glossary term occurrence(s) could not be honoured (first: line 3, "
+                                    "'God' -> 'Dios': inside another protected span); --output_format jsonl reports "
+                                    "each")
+
+
+def test_protect_flags_choose_kinds_and_the_user_s_patterns(trained_model, capsys):
+    model, tokenizer, model_dir = trained_model
+    text = "Order ACME-42 with <b>%d</b> items, {name}."
+
+    def spans(*flags):
+        assert cli.main(["--model", str(model_dir), "--output_format", "jsonl", *flags, text]) == 0
+        record = json.loads(capsys.readouterr().out)
+        assert all(record["translation"].count(span["text"]) == 1 for span in record["spans"])
+        return [(span["kind"], span["text"]) for span in record["spans"]]
+
+    assert spans() == [] and spans("--protect", "off") == []  # the default for a model without sentinels: off
+    assert spans("--protect", "on") == [("tag", "<b>"), ("printf", "%d"), ("tag", "</b>"), ("format", "{name}")]
+    assert spans("--protect_kinds", "printf, format") == [("printf", "%d"), ("format", "{name}")]
+    assert spans("--protect", "off", "--protect_pattern", r"ACME-\d+") == [("user", "ACME-42")]
+    assert spans("--protect", "on", "--protect_pattern", r"ACME-\d+", "--protect_pattern", "items")[:2] == \
+        [("user", "ACME-42"), ("tag", "<b>")]
+    assert cli.main(["--model", str(model_dir), "--protect_kinds", "printf", text]) == 0
+    expected = translate(model, tokenizer, [text], protect=True, protect_kinds=["printf"])[0]
+    assert capsys.readouterr().out == expected + "\n"
+
+
+GLOSSARIES = {
+    "malformed": ("Jesus\tCristo\nGod Dios\n", "line 2: expected `source term<TAB>target term`, found no tab"),
+    "empty_term": ("Jesus\tCristo\n\n\tDios\n", "line 3: the source term is empty"),
+    "two_targets": ("Jesus\tCristo\nGod\tDios\nJesus\tJesucristo\n",
+                    "line 3: 'Jesus' -> 'Jesucristo', but line 1 gives 'Jesus' -> 'Cristo'"),
+}
+
+
+@pytest.mark.parametrize("case", [*GLOSSARIES, "pattern_does_not_compile", "pattern_matches_empty", "unknown_kind",
+                                  "binary_input", "utf16_input", "kinds_with_protect_off",
+                                  "arguments_as_paragraphs"])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(case, tmp_path, capsys):
+    """Refused before the model is loaded (it does not even exist here), and neither an earlier output file nor a
+    new one is touched."""
+    source = _write(tmp_path / "in.txt", "Jesus wept.\n")
+    if case in GLOSSARIES:
+        flags, expected = ["--glossary", str(_write(tmp_path / "terms.tsv", GLOSSARIES[case][0])),
+                           "-i", str(source)], [str(tmp_path / "terms.tsv"), GLOSSARIES[case][1]]
+    else:
+        (tmp_path / "binary.txt").write_bytes(b"Jesus wept.\n\x00\x01\x02\xff")
+        (tmp_path / "utf16.txt").write_bytes("Jesus wept.\n".encode("utf-16-le"))
+        flags, expected = {
+            "pattern_does_not_compile": (["--protect_pattern", "x(", "-i", str(source)],
+                                         ["--protect_pattern", "'x(' does not compile"]),
+            "pattern_matches_empty": (["--protect_pattern", "[0-9]*", "-i", str(source)],
+                                      ["--protect_pattern", "'[0-9]*' matches the empty string"]),
+            "unknown_kind": (["--protect_kinds", "printf,emoji", "-i", str(source)], ["--protect_kinds", "emoji"]),
+            "binary_input": (["-i", str(tmp_path / "binary.txt")],
+                             [f"input file {tmp_path / 'binary.txt'} is not valid UTF-8", "at byte 15"]),
+            "utf16_input": (["-i", str(tmp_path / "utf16.txt")],
+                            [f"input file {tmp_path / 'utf16.txt'} is binary, not text: a NUL byte at byte 1",
+                             "iconv -f utf-16"]),
+            "kinds_with_protect_off": (["--protect", "off", "--protect_kinds", "url", "-i", str(source)],
+                                       ["--protect off", "--protect_kinds"]),
+            "arguments_as_paragraphs": (["--input_format", "paragraphs", "Jesus wept."],
+                                        ["--input_format paragraphs", "TEXT arguments"]),
+        }[case]
+    earlier, new = tmp_path / "earlier.txt", tmp_path / "new.txt"
+    earlier.write_text("earlier translations\n")
+    for output in (earlier, new):
+        status = cli.main(["--model", str(tmp_path / "no-such-model"), *flags, "-o", str(output)])
+        captured = capsys.readouterr()
+        assert status == 2 and captured.out == "" and captured.err.count("\n") == 1, captured.err
+        assert all(part in captured.err for part in expected), captured.err
+    assert earlier.read_text() == "earlier translations\n" and not new.exists()
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".")) == []
+
+
+def test_piped_paragraphs_and_binary_standard_input_in_a_real_process(trained_model):
+    """The streams themselves: paragraphs from a pipe come back byte for byte in their frame (no line break added
+    at the end), jsonl lines are UTF-8, and binary stdin is refused in one line with nothing on stdout."""
+    model, tokenizer, model_dir = trained_model
+    runs = {"paragraphs": (_popen_cli("--model", model_dir, "--input_format", "paragraphs", stdout=subprocess.PIPE),
+                           DOCUMENT.encode()),
+            "jsonl": (_popen_cli("--model", model_dir, "--output_format", "jsonl", stdout=subprocess.PIPE),
+                      "Jesús wept.\n".encode()),
+            "binary": (_popen_cli("--model", model_dir, stdout=subprocess.PIPE), b"Jesus wept.\n\x00")}
+    results = {name: (process.communicate(data, timeout=300), process.returncode)
+               for name, (process, data) in runs.items()}
+    one, two, three = translate(model, tokenizer, ["Jesus wept. God is love.",
+                                                   "The Lord is my shepherd.\nI shall not want.", "Amen"])
+    (out, _), status = results["paragraphs"]
+    assert status == 0 and out == f"{one}\r\n\r\n  {two}\n \n\n{three}".encode()
+    (out, _), status = results["jsonl"]
+    assert status == 0 and json.loads(out)["source"] == "Jesús wept." and "Jesús".encode() in out
+    (out, err), status = results["binary"]
+    assert (status, out) == (2, b"")
+    assert err == (b"hf-scratch-translate: error: standard input is binary, not text: a NUL byte at byte 12 (a "
+                   b"binary file, or UTF-16 text); give UTF-8 text (`iconv -f utf-16 -t utf-8` converts UTF-16)\n")

@@ -7,6 +7,7 @@ limit), in padded batches, with translations ending in </s> and cut by the lengt
 translating (command line with either backend, pipeline, `translate()`) must give the same output.
 """
 
+import json
 import shutil
 import sys
 
@@ -25,7 +26,16 @@ from hf_scratch_transformer.export.ct2 import (
     unexpressible_settings,
 )
 from hf_scratch_transformer.translation.ct2_backend import INSTALL_HINT, CT2Backend
-from hf_scratch_transformer.translation_core import DecodingOptions, strip_generated, translate_batches, translate_texts
+from hf_scratch_transformer.protected_spans import SpanProtector
+from hf_scratch_transformer.translation_core import (
+    DecodingOptions,
+    TextOptions,
+    TorchBackend,
+    cross_attention_matrices,
+    strip_generated,
+    translate_batches,
+    translate_texts,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -339,3 +349,50 @@ def test_export_to_a_read_only_or_full_filesystem_leaves_nothing_half_written(mo
     status = export_main(["--model", str(model_dir), "--output_dir", str(tmp_path / ("z" * 300))])
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1 and "File name too long" in err
+
+
+# ------------------------------------------------------------------ protected spans, glossaries and confidence
+def test_ct2_attention_is_the_teacher_forced_attention_of_its_alignment_head(trained_model, exported):
+    """What CTranslate2 returns with the translation forced as its prefix is the PyTorch model's cross-attention of
+    the last decoder layer's first head (the exporter's one alignment head), row for row, also for a translation
+    cut by the length bound (no </s>)."""
+    model, tokenizer, _ = trained_model
+    backend = CT2Backend(exported["float32"], intra_threads=1)
+    texts = [PAIRS_EN_ES[0][0], PAIRS_EN_ES[5][0], UNSEEN[0]]
+    whole = translate_batches(backend, tokenizer, texts, DecodingOptions(num_beams=1))
+    cut = translate_batches(backend, tokenizer, texts, DecodingOptions(max_new_tokens=4, max_len_a=0, max_len_b=0))
+    targets = [found[0].token_ids for found in whole + cut]
+    assert any(ids[-1] == 2 for ids in targets) and all(len(ids) == 4 and ids[-1] != 2 for ids in targets[3:])
+    weights = backend.cross_attention(tokenizer(texts * 2)["input_ids"], targets)
+    for text, target, attention in zip(texts * 2, targets, weights):
+        expected = cross_attention_matrices(model, tokenizer, text, target)[-1, 0]
+        assert attention.shape == expected.shape == (len(target), len(tokenizer(text)["input_ids"]))
+        torch.testing.assert_close(attention, expected, atol=1e-4, rtol=0)
+
+
+def test_spans_and_terms_are_placed_by_ctranslate2_s_alignment_with_its_confidence(trained_model, exported, capsys):
+    """Through the CTranslate2 backend, stripped spans go where the alignment says ("aligned", not "position") and
+    glossary terms replace the aligned words; the confidence (from CTranslate2's scores) is the PyTorch backend's.
+    The command line gives the same in jsonl."""
+    from hf_scratch_transformer.translation import cli
+
+    model, tokenizer, _ = trained_model
+    texts = ["Jesus <b>wept</b> %d times.", "God is love, see http://x.org/%s now.", "The Lord is my shepherd {0}."]
+    reading = TextOptions(protect=True, glossary={"Jesus": "Cristo", "Lord": "Jehová"})
+    options = DecodingOptions(num_beams=1, with_scores=True)
+    found = translate_texts(CT2Backend(exported["float32"], intra_threads=1), tokenizer, texts, options, reading)
+    reference = translate_texts(TorchBackend(model), tokenizer, texts, options, reading)
+    for text, translation, expected in zip(texts, found, reference):
+        assert all(translation.text.count(span.text) == 1 for span in SpanProtector().find(text)), translation.text
+        assert translation.spans and {entry["how"] for entry in translation.spans} == {"aligned"}
+        assert all(entry["honoured"] and entry["how"] in ("model", "replaced") for entry in translation.glossary)
+        assert translation.confidence == pytest.approx(expected.confidence, abs=1e-4) and translation.confidence < 0
+    assert sum(len(translation.glossary) for translation in found) == 2
+    glossary = exported["float32"].parent / "terms.tsv"
+    glossary.write_text("Jesus\tCristo\nLord\tJehová\n", encoding="utf-8")
+    assert cli.main(["--backend", "ct2", "--model", str(exported["float32"]), "--num_beams", "1", "--protect", "on",
+                     "--glossary", str(glossary), "--output_format", "jsonl", *texts]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [record["translation"] for record in records] == [translation.text for translation in found]
+    assert [record["confidence"] for record in records] == pytest.approx([t.confidence for t in found], abs=1e-6)
+    assert [record["spans"] for record in records] == [translation.spans for translation in found]

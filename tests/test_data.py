@@ -1,6 +1,7 @@
 import csv
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,11 @@ from transformers import DataCollatorForSeq2Seq
 from hf_scratch_transformer.training.arguments import check_values, parse_arguments
 from hf_scratch_transformer.data import loading
 from hf_scratch_transformer.data.loading import CORPUS_DIR, CorpusError, DataArguments, load_parallel_corpus
+from hf_scratch_transformer.protected_spans import SpanProtector
 from hf_scratch_transformer.data.preprocessing import (
     evaluation_pairs,
     make_collator,
+    mask_shared_spans,
     preprocess_corpus,
     sequence_lengths,
 )
@@ -427,7 +430,8 @@ def test_giant_words_and_over_long_sides_are_dropped_before_tokenising_and_count
     raw = DatasetDict({"train": Dataset.from_dict({"translation": train})})
     assert giant not in " ".join(_both_sides(raw["train"], "en", "es"))  # the tokenizer never trains on it
     _, report = preprocess_corpus(raw, corpus_tokenizer, DataArguments(max_source_length=100, max_target_length=100))
-    assert report["train"] == {"input": 3, "empty": 0, "too_long": 2, "bad_ratio": 0, "kept": 1}
+    assert report["train"] == {"input": 3, "empty": 0, "too_long": 2, "bad_ratio": 0, "kept": 1,
+                               "masked": 0}
 
 
 # -------------------------------------------------------------------------------------------------- preprocessing
@@ -449,8 +453,9 @@ def test_preprocessing_filters_train_and_reports_each_filter(corpus_tokenizer):
     })
     args = DataArguments(max_source_length=20, max_target_length=20, max_length_ratio=3.0)
     processed, report = preprocess_corpus(raw, corpus_tokenizer, args)
-    assert report["train"] == {"input": 6, "empty": 2, "too_long": 1, "bad_ratio": 1, "kept": 2}
-    assert report["validation"] == {"input": 6, "empty": 2, "too_long": 0, "bad_ratio": 0, "kept": 4}
+    assert report["train"] == {"input": 6, "empty": 2, "too_long": 1, "bad_ratio": 1, "kept": 2, "masked": 0}
+    assert report["validation"] == {"input": 6, "empty": 2, "too_long": 0, "bad_ratio": 0, "kept": 4,
+                                    "masked": 0}
     assert processed["train"].column_names == ["input_ids", "attention_mask", "labels"]
     decoded = corpus_tokenizer.batch_decode(list(processed["train"]["labels"]), skip_special_tokens=True)
     assert decoded == ["Una buena frase.", "Otra buena."]
@@ -458,6 +463,62 @@ def test_preprocessing_filters_train_and_reports_each_filter(corpus_tokenizer):
     assert all(ids[-1] == corpus_tokenizer.eos_token_id for ids in processed["validation"]["labels"])
     sources, references = evaluation_pairs(raw["validation"], args)
     assert len(references) == processed["validation"].num_rows and references[1] == "palabra " * 40
+
+
+# ------------------------------------------------------------------------------------ protected spans, masked
+SOFTWARE_PAIRS = [
+    ("Delete %d files in %s?", "¿Borrar %d archivos en %s?"),
+    ("Open <b>%1$s</b> and %2$s", "Abrir %2$s y <b>%1$s</b>"),
+    ("See https://example.org/help for {name}.", "Véase la ayuda para {name}."),  # the URL on one side only
+    ("Plain text, no spans.", "Texto sin nada."),
+]
+
+
+@pytest.mark.parametrize("source, target, expected", [
+    ("Delete %d files in %s?", "¿Borrar %d archivos en %s?", ("Delete ｟0｠ files in ｟1｠?",
+                                                              "¿Borrar ｟0｠ archivos en ｟1｠?", 2)),
+    ("Open <b>%1$s</b> and %2$s", "Abrir %2$s y <b>%1$s</b>",
+     ("Open ｟0｠｟1｠｟2｠ and ｟3｠", "Abrir ｟3｠ y ｟0｠｟1｠｟2｠", 4)),
+    ("See https://x.org for {name}.", "Véase {name}.", ("See https://x.org for ｟0｠.", "Véase ｟0｠.", 1)),
+    ("%s of %s", "%s", ("｟0｠ of %s", "｟0｠", 1)),  # the k-th occurrence pairs with the k-th
+    ("100%% of %d", "100 %% de %d", ("100｟0｠ of ｟1｠", "100 ｟0｠ de ｟1｠", 2)),
+    ("a {x} b", "a {y} b", ("a {x} b", "a {y} b", 0)),  # different text: not shared
+    ("no spans here", "ninguno", ("no spans here", "ninguno", 0)),
+])
+def test_only_the_spans_both_sides_share_are_masked_numbered_in_source_order(source, target, expected):
+    assert mask_shared_spans(source, target, SpanProtector()) == expected
+
+
+def test_at_most_as_many_spans_are_masked_as_there_are_sentinels():
+    source = " ".join(f"{{f{i}}}" for i in range(40))
+    masked_source, masked_target, count = mask_shared_spans(source, source, SpanProtector())
+    assert count == 32 and masked_source == masked_target and "｟31｠ {f32}" in masked_source
+
+
+def test_training_pairs_are_masked_before_tokenising_and_the_cache_knows_it(tmp_path):
+    """With a tokenizer that has the sentinels, every split's token ids are those of the masked pairs (the
+    validation loss measures the task trained); the raw sources and references evaluation translates stay as they
+    are. --mask_protected_spans false afterwards is not served the masked cache."""
+    path = write_jsonl(tmp_path / "software.jsonl", [{"translation": {"en": en, "es": es}}
+                                                     for en, es in SOFTWARE_PAIRS * 3])
+    args = DataArguments(train_file=str(path), validation_file=str(path), test_file=str(path))
+    raw = load_parallel_corpus(args)
+    tokenizer = train_tokenizer_on_corpus(raw["train"], "en", "es", vocab_size=300, sentinels=True)
+    masked, report = preprocess_corpus(raw, tokenizer, args)
+    plain, plain_report = preprocess_corpus(raw, tokenizer, replace(args, mask_protected_spans=False))
+    expected = [mask_shared_spans(en, es, SpanProtector()) for en, es in SOFTWARE_PAIRS * 3]
+    for split in ("train", "validation"):
+        assert tokenizer.batch_decode(list(masked[split]["input_ids"]), skip_special_tokens=True) == \
+            [source for source, _, _ in expected]
+        assert tokenizer.batch_decode(list(masked[split]["labels"]), skip_special_tokens=True) == \
+            [target for _, target, _ in expected]
+        assert tokenizer.batch_decode(list(plain[split]["input_ids"]), skip_special_tokens=True) == \
+            [en for en, _ in SOFTWARE_PAIRS * 3]
+        assert report[split]["masked"] == 9 and plain_report[split]["masked"] == 0
+        assert masked[split].column_names == ["input_ids", "attention_mask", "labels"]
+    assert evaluation_pairs(raw["validation"], args)[0][0] == "Delete %d files in %s?"
+    plain_tokenizer = train_tokenizer_on_corpus(raw["train"], "en", "es", vocab_size=300)
+    assert preprocess_corpus(raw, plain_tokenizer, args)[1]["train"]["masked"] == 0  # no sentinels: no masking
 
 
 def test_a_second_run_reuses_the_tokenised_cache_whatever_folder_the_tokenizer_comes_from(tmp_path):
@@ -570,7 +631,8 @@ def test_null_missing_and_empty_sentences_are_skipped_and_counted(tmp_path):
     corpus = load_parallel_corpus(args)
     tokenizer = train_tokenizer_on_corpus(corpus["train"], "en", "es", vocab_size=300)  # nulls do not break it
     _, report = preprocess_corpus(corpus, tokenizer, args)
-    assert report["train"] == {"input": len(CORPUS_PAIRS) + 4, "empty": 4, "too_long": 0, "bad_ratio": 0, "kept": len(CORPUS_PAIRS)}
+    assert report["train"] == {"input": len(CORPUS_PAIRS) + 4, "empty": 4, "too_long": 0, "bad_ratio": 0,
+                               "kept": len(CORPUS_PAIRS), "masked": 0}
     assert report["validation"]["empty"] == 4 and report["validation"]["kept"] == len(CORPUS_PAIRS)
 
 

@@ -43,29 +43,65 @@ def model_and_tokenizer(trained_model):
 
 def test_greedy_gives_one_hypothesis_the_same_as_hf_scratch_translate(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
-    [hypothesis] = demo.nbest_translations(model, tokenizer, SENTENCE, num_beams=1, num_hypotheses=1)
-    assert hypothesis.text == translate(model, tokenizer, [SENTENCE], num_beams=1)[0]
+    translation = demo.translate_text(model, tokenizer, SENTENCE, num_beams=1, num_hypotheses=1)
+    [hypothesis] = translation.hypotheses
+    assert hypothesis.text == translation.text == translate(model, tokenizer, [SENTENCE], num_beams=1)[0]
     assert hypothesis.text == "En el principio creó Dios los cielos y la tierra."  # a training pair, learnt
-    assert hypothesis.score < 0
+    assert hypothesis.score < 0 and translation.confidence == hypothesis.confidence < 0
 
 
 def test_beam_search_lists_n_hypotheses_best_first_with_beam_search_s_own_scores(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
-    hypotheses = demo.nbest_translations(model, tokenizer, SENTENCE, num_beams=4, num_hypotheses=3)
+    hypotheses = demo.translate_text(model, tokenizer, SENTENCE, num_beams=4, num_hypotheses=3).hypotheses
     assert len(hypotheses) == 3 and len({tuple(h.token_ids) for h in hypotheses}) == 3
     scores = [h.score for h in hypotheses]
     assert scores == sorted(scores, reverse=True)
     [expected] = translate(model, tokenizer, [SENTENCE], num_beams=4, num_return_sequences=3)  # the CLI's --nbest
-    assert [(h.token_ids, h.score) for h in hypotheses] == [(h.token_ids, h.score) for h in expected]
+    assert [(h.token_ids, h.score, h.confidence) for h in hypotheses] == \
+        [(h.token_ids, h.score, h.confidence) for h in expected]
     assert hypotheses[0].text == translate(model, tokenizer, [SENTENCE], num_beams=4)[0]  # what the CLI prints
 
 
 def test_nbest_refuses_more_hypotheses_than_beams_and_empty_text(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     with pytest.raises(ValueError, match="num_return_sequences"):
-        demo.nbest_translations(model, tokenizer, SENTENCE, num_beams=2, num_hypotheses=3)
+        demo.translate_text(model, tokenizer, SENTENCE, num_beams=2, num_hypotheses=3)
     with pytest.raises(ValueError, match="empty"):
-        demo.nbest_translations(model, tokenizer, "  ", num_beams=1)
+        demo.translate_text(model, tokenizer, "  ", num_beams=1)
+
+
+def test_the_glossary_field_and_the_protect_toggle_go_through_the_core(model_and_tokenizer):
+    """The page's glossary (TSV typed into a field) and toggle give what translate() gives with the same options,
+    and the report line says what became of terms and spans; a malformed line is refused naming it."""
+    model, tokenizer = model_and_tokenizer
+    text = "Jesus wept. See <b>%d</b> at http://God.org now."
+    shown = demo.translate_text(model, tokenizer, text, protect=True, glossary="Jesus\tCristo\n\nGod\tDios\n")
+    [expected] = translate(model, tokenizer, [text], protect=True, glossary={"Jesus": "Cristo", "God": "Dios"},
+                           details=True)
+    assert shown.text == expected.text and "Cristo" in shown.text
+    assert all(shown.text.count(span) == 1 for span in ("<b>", "%d", "</b>", "http://God.org"))
+    report = demo.text_report(shown)
+    assert "glossary: 1 of 2 term occurrence(s) honoured, not: God" in report  # "God" inside the URL
+    assert "4 protected span(s), each put back once" in report
+    assert "2 sentences" in report and f"confidence {shown.confidence:.3f}" in report
+    unprotected = demo.translate_text(model, tokenizer, text, protect=False)
+    assert unprotected.spans == [] and unprotected.segments[1].model_text == "See <b>%d</b> at http://God.org now."
+    with pytest.raises(UsageError, match="the glossary line 2: the target term is empty"):
+        demo.translate_text(model, tokenizer, text, glossary="Jesus\tCristo\nGod\t \n")
+
+
+def test_the_heatmap_shows_the_first_sentence_over_what_the_model_read(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    translation = demo.translate_text(model, tokenizer, "<br/> Jesus wept. God is love.", num_beams=2,
+                                      num_hypotheses=2, protect=True)
+    model_text, token_ids = demo.first_sentence(translation, rank=1)
+    assert model_text == "Jesus wept." and token_ids == translation.segments[0].hypotheses[1].token_ids
+    view = demo.DemoActions(demo.DemoModel(model, tokenizer, "m", "en", "es", [], "")).attention(translation, 1)
+    assert view.weights.shape[2:] == (len(token_ids), len(tokenizer(model_text)["input_ids"]))
+    spans_only = demo.translate_text(model, tokenizer, "<br/>", protect=True)
+    assert spans_only.text == "<br/>"
+    with pytest.raises(ValueError, match="nothing of this text went to the model"):
+        demo.first_sentence(spans_only)
 
 
 # ---------------------------------------------------------------------------------------------- heatmap data
@@ -74,7 +110,7 @@ def test_nbest_refuses_more_hypotheses_than_beams_and_empty_text(model_and_token
 @pytest.fixture(scope="module")
 def view(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
-    [hypothesis] = demo.nbest_translations(model, tokenizer, SENTENCE)
+    [hypothesis] = demo.translate_text(model, tokenizer, SENTENCE).hypotheses
     return demo.attention_view(model, tokenizer, SENTENCE, hypothesis.token_ids), hypothesis
 
 
@@ -243,16 +279,21 @@ def test_the_page_translates_over_http_on_127_0_0_1_and_connects_nowhere_else(tr
     try:
         _wait_for_page(f"http://127.0.0.1:{port}/", process)
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-        translation, table, _, plot = client.predict(SENTENCE, "beam search", 4, 3, 1, "mean", api_name="/translate")
+        translation, report, table, _, plot = client.predict(SENTENCE, "beam search", 4, 3, True, "God\tDios", 1,
+                                                             "mean", api_name="/translate")
         second = client.predict(1, 0, "2", api_name="/show_hypothesis")
     finally:
         process.terminate()
         process.wait(timeout=30)
     model, tokenizer = model_and_tokenizer
-    expected = demo.nbest_translations(model, tokenizer, SENTENCE, num_beams=4, num_hypotheses=3)
+    shown = demo.translate_text(model, tokenizer, SENTENCE, num_beams=4, num_hypotheses=3, protect=True,
+                                glossary="God\tDios")
+    expected = shown.hypotheses
     assert translation == expected[0].text == "En el principio creó Dios los cielos y la tierra."
+    assert report == demo.text_report(shown) and "glossary: 1 of 1 term occurrence(s) honoured" in report
     assert [row[1] for row in table["data"]] == [h.text for h in expected]
     assert [row[2] for row in table["data"]] == pytest.approx([h.score for h in expected], abs=1e-3)
+    assert [row[3] for row in table["data"]] == pytest.approx([h.confidence for h in expected], abs=1e-3)
     spec = json.loads(plot["plot"])
     assert spec["title"] == "Cross-attention, layer 2 of 2, mean of 4 heads"
     assert len(spec["data"]["values"]) == len(expected[0].token_ids) * len(tokenizer(SENTENCE)["input_ids"])

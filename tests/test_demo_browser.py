@@ -1,6 +1,7 @@
 """hf-scratch-demo in a real browser (slow; `scripts/browser_test.sh` installs what it needs and runs it): Debian's
-Chromium, headless, driven by Playwright, types a sentence, clicks Translate, reads the translation, hovers a cell
-of the heatmap for its weight, switches layer and head, and saves screenshots.
+Chromium, headless, driven by Playwright, types a sentence, clicks Translate, reads the translation and its
+confidence, hovers a cell of the heatmap for its weight, switches layer and head, saves screenshots, then pastes a
+glossary, ticks protection and translates a string with markup and a placeholder.
 
     DEMO_BROWSER_MODEL=DIR        a model to show (default: the session's tiny trained model)
     DEMO_BROWSER_SENTENCE=TEXT    the sentence typed (default: a sentence that model learnt)
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from test_demo import REPO, SENTENCE, _free_port, _wait_for_page
 
+from hf_scratch_transformer.protected_spans import tokenizer_has_sentinels
 from hf_scratch_transformer.translation import demo
 from hf_scratch_transformer.translation.translate import load_model_and_tokenizer
 
@@ -59,8 +61,11 @@ def test_a_person_translates_and_explores_the_attention_in_chromium(served_demo,
     screenshots.mkdir(parents=True, exist_ok=True)
     model, tokenizer = load_model_and_tokenizer(model_dir)
     beams = demo.default_beams(model)  # the page's settings at start: beam search, n-best of min(3, beams)
-    best = demo.nbest_translations(model, tokenizer, sentence, num_beams=beams, num_hypotheses=min(3, beams))[0]
-    view = demo.attention_view(model, tokenizer, sentence, best.token_ids)
+    protect = tokenizer_has_sentinels(tokenizer)  # the toggle's state at start
+    shown = demo.translate_text(model, tokenizer, sentence, num_beams=beams, num_hypotheses=min(3, beams),
+                                protect=protect)
+    best = shown.hypotheses[0]
+    view = demo.attention_view(model, tokenizer, *demo.first_sentence(shown))
     requests = []
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
@@ -71,6 +76,7 @@ def test_a_person_translates_and_explores_the_attention_in_chromium(served_demo,
         page.locator("#translate").click()
         page.wait_for_function("document.querySelector('#translation textarea').value.length > 0", timeout=120_000)
         assert page.locator("#translation textarea").input_value() == best.text
+        assert page.locator("#confidence textarea").input_value() == demo.text_report(shown)
         heatmap, chart = page.locator("#heatmap"), page.locator("#heatmap svg.marks")  # Vega draws in SVG
         cells = chart.locator(".mark-rect.role-mark path")  # one per cell, in the data's order (row by row)
         cells.first.wait_for(timeout=30_000)
@@ -89,6 +95,20 @@ def test_a_person_translates_and_explores_the_attention_in_chromium(served_demo,
         title = demo.heatmap_title(view.weights, None, 1)  # "..., head 2 of H"
         page.wait_for_function(f"document.querySelector('#heatmap svg.marks').textContent.includes({title!r})",
                                timeout=30_000)
+
+        # a glossary pasted into its field, a placeholder and markup with protection ticked
+        text, terms = "God is love, <b>%d</b> times.", "God\tDios\nlove\tamor"
+        pinned = demo.translate_text(model, tokenizer, text, num_beams=beams, num_hypotheses=min(3, beams),
+                                     protect=True, glossary=terms)
+        page.locator("#source textarea").fill(text)
+        page.locator("#glossary textarea").fill(terms)
+        page.locator("#protect input").set_checked(True)
+        page.locator("#translate").click()
+        page.wait_for_function(f"document.querySelector('#translation textarea').value === {pinned.text!r}",
+                               timeout=120_000)
+        assert page.locator("#confidence textarea").input_value() == demo.text_report(pinned)
+        assert "glossary: 2 of 2 term occurrence(s) honoured" in demo.text_report(pinned)
+        assert all(pinned.text.count(span) == 1 for span in ("<b>", "%d", "</b>"))
         browser.close()
     outside = sorted({request for request in requests if not request.startswith(url)})
     assert not outside, f"the page fetched from elsewhere: {outside[:5]}"

@@ -1,6 +1,7 @@
 """documents.py: texts cut into sentences and put back in their own white space, over-long sentences cut into
 pieces that fit, files read as lines, paragraphs or one text."""
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -10,6 +11,7 @@ from helpers import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hf_scratch_transformer.protected_spans import SpanProtector
 from hf_scratch_transformer.documents import (
     SegmenterMissing,
     split_document,
@@ -56,6 +58,32 @@ def test_every_character_of_a_text_is_in_a_unit_or_a_separator(text):
     assert rebuilt(layout) == text
     assert all(unit.text and unit.text == unit.text.strip() for unit in layout.units)
     assert all(not separator.strip() for separator in [layout.leading] + [u.separator for u in layout.units])
+
+
+def test_no_sentence_ends_inside_a_protected_span():
+    """The segmenter takes the "." of `%.*s` or of a tag's attribute for a full stop; the pieces of a cut inside
+    a span given to keep whole are one unit again, with their white space."""
+    text = "`%.*s' used for output. Next <a href=\"x. Y\">one</a>. Last %.2f."
+    assert "`%." in [unit.text for unit in split_document(text, "en").units]  # what the segmenter alone does
+    ranges = [(span.start, span.end) for span in SpanProtector().find(text)]
+    layout = split_document(text, "en", keep_whole=ranges)
+    assert [(unit.text, unit.separator) for unit in layout.units] == [
+        ("`%.*s' used for output.", " "), ('Next <a href="x. Y">one</a>.', " "), ("Last %.2f.", "")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["Jesus wept.", "%.*s", "%.2f", " ", "\n\n", "e.g.", "<b x=\"a. B\">", "</b>", ".",
+                                 "See www.x.org.", "{0}", "Amen"]), max_size=16).map("".join))
+def test_units_never_cut_a_span_and_join_back(text):
+    ranges = [(span.start, span.end) for span in SpanProtector().find(text)]
+    layout = split_document(text, "en", keep_whole=ranges)
+    assert rebuilt(layout) == text
+    position, cuts = len(layout.leading), []
+    for unit in layout.units[:-1]:
+        position += len(unit.text)
+        cuts.append((position, position + len(unit.separator)))
+        position += len(unit.separator)
+    assert not [(cut, span) for cut in cuts for span in ranges if span[0] < cut[0] and span[1] > cut[1]]
 
 
 def test_a_missing_segmenter_is_one_line_saying_how_to_install_it(monkeypatch):
@@ -127,13 +155,29 @@ def test_a_five_megabyte_line_is_cut_in_seconds_not_hours(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ files as texts
-@pytest.mark.parametrize("input_format, expected", [
-    ("lines", ["Jesus wept.", "God is love.", "", "Amen.", "  "]),
-    ("paragraphs", ["Jesus wept.\r\nGod is love.", "Amen."]),
-    ("file", ["Jesus wept.\r\nGod is love.\n\nAmen.\n  \n"]),
+@pytest.mark.parametrize("input_format, expected, rebuilt", [
+    ("lines", ["Jesus wept.", "God is love.", "", "Amen.", "  "], "Jesus wept.\nGod is love.\n\nAmen.\n  \n"),
+    ("paragraphs", ["Jesus wept.\r\nGod is love.", "Amen."], None),
+    ("file", ["Jesus wept.\r\nGod is love.\n\nAmen.\n  \n"], None),
 ])
-def test_a_file_is_read_as_lines_paragraphs_or_one_text(input_format, expected):
-    assert split_input("Jesus wept.\r\nGod is love.\n\nAmen.\n  \n", input_format) == expected
+def test_a_file_is_read_as_lines_paragraphs_or_one_text(input_format, expected, rebuilt):
+    """The texts of a file, and its frame: the translations written back with the file's own separators (lines:
+    each followed by \\n, the CRLF and a missing last line break made \\n)."""
+    content = "Jesus wept.\r\nGod is love.\n\nAmen.\n  \n"
+    layout = split_input(content, input_format)
+    assert [unit.text for unit in layout.units] == expected
+    assert layout.join([unit.text for unit in layout.units]) == (rebuilt or content)
+    assert split_input("a\nb", "lines").join(["x", "y"]) == "x\ny\n"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["Amen.", "a b", " ", "\t", "\n", "\r\n", "\n \n", "\u2028", "x\ry"]),
+                max_size=20).map("".join))
+def test_paragraphs_come_back_in_the_files_own_blank_lines(content):
+    layout = split_input(content, "paragraphs")
+    assert layout.join([unit.text for unit in layout.units]) == content
+    assert all(unit.text.strip() and not re.search(r"\n[^\S\n]*\n", unit.text) for unit in layout.units)
+    assert split_input(content, "file").join([content] if content else []) == content
 
 
 def test_an_unknown_input_format_is_refused():

@@ -320,3 +320,34 @@ def test_tiny_model_overfits_pairs_and_generate_reproduces_them(pairs, tiny_toke
         decoder_start_token_id=1, eos_token_id=2, pad_token_id=0,
     )
     assert tiny_tokenizer.batch_decode(generated, skip_special_tokens=True) == list(targets)
+
+
+class _AttentionDtypes(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the dtype of the query of every CPU scaled-dot-product-attention kernel that runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "scaled_dot_product" in func.__name__ and "backward" not in func.__name__:
+            self.seen.append(args[0].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+def test_bf16_training_on_a_cpu_attends_in_fp32_and_bf16_inference_in_bf16(tiny_config):
+    """torch's CPU attention kernel is 5-6x slower backwards in bf16: under bf16 autocast a training forward attends
+    in fp32 (and its loss stays that of the model), inference keeps bf16."""
+    model = ScratchTransformerForConditionalGeneration(tiny_config)
+    source, labels = torch.randint(4, 99, (3, 7)), torch.randint(4, 99, (3, 5))
+    with _AttentionDtypes() as training, torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=source, labels=labels).loss
+    loss.backward()
+    with _AttentionDtypes() as inference, torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=source, labels=labels)
+    layers = tiny_config.encoder_layers + 2 * tiny_config.decoder_layers
+    assert training.seen == [torch.float32] * layers and inference.seen == [torch.bfloat16] * layers
+    assert model.model.encoder.layers[0].self_attn.q_proj.weight.grad is not None
+    with torch.no_grad():
+        reference = model(input_ids=source, labels=labels).loss
+    assert abs(loss.item() - reference.item()) < 0.05  # bf16 rounding only

@@ -1,23 +1,26 @@
 """protected_spans.py: which spans are found, the user's patterns checked, each span back exactly once whatever
 the model does with its sentinel, stripped spans placed by the alignment, paired tags kept well formed; and the
-whole path on trained models: one without sentinel tokens (stripping) and one trained with masked spans."""
+whole path on trained models: one without sentinel tokens (stripping) and one trained as train.py trains, its
+tokenizer with the sentinels and the spans both sides of its pairs share masked."""
 
 import re
 from collections import Counter
 
 import pytest
-from helpers import train_on_pairs
+from helpers import PAIRS_EN_ES, train_on_pairs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import GenerationConfig
 
+from hf_scratch_transformer.data.preprocessing import mask_shared_spans
+from hf_scratch_transformer.data.tokenization import train_bpe_tokenizer
 from hf_scratch_transformer.protected_spans import (
     ProtectError,
     SpanProtector,
     compile_user_pattern,
+    hide,
     restore,
     sentinel,
-    sentinel_tokens,
     tokenizer_has_sentinels,
 )
 from hf_scratch_transformer.translation_core import DecodingOptions, TextOptions, TorchBackend, translate_texts
@@ -106,6 +109,14 @@ def test_tags_the_alignment_would_cross_keep_their_source_order():
     assert restored.text.index("<b>") < restored.text.index("</b>")
 
 
+def test_a_sentinel_the_source_does_not_hold_is_removed_even_without_spans():
+    """A sentinel model may write ｟0｠ for a sentence that had no span: it is not the user's text and goes; a
+    sentinel the source itself holds stays, and a model without sentinels is left alone."""
+    assert restore(hide("Hello world", [], True), "｟0｠ Hola ｟3｠ mundo ｟0｠").text == "Hola mundo"
+    assert restore(hide("See ｟0｠ here", [], True), "Ver ｟0｠ ｟1｠ aquí").text == "Ver ｟0｠ aquí"
+    assert restore(hide("Hello", [], False), "｟0｠ Hola").text == "｟0｠ Hola"
+
+
 def test_glued_spans_are_glued_again_and_spans_alone_come_back():
     protector = SpanProtector()
     protected = protector.protect("<b>Hello</b>, %s!", sentinels=True)
@@ -142,14 +153,14 @@ def test_a_model_without_sentinels_gets_each_span_back_once_when_asked(trained_m
 
 
 @pytest.fixture(scope="module")
-def sentinel_model(trained_model):
-    """A tiny model whose tokenizer has the sentinel tokens, trained on pairs whose shared spans are masked by
-    them (what phase C's training does), plus the plain pairs."""
-    _, base, _ = trained_model
-    tokenizer = base.__class__.from_pretrained(trained_model[2])
-    tokenizer.add_tokens(sentinel_tokens())
+def sentinel_model():
+    """A tiny model whose tokenizer has the sentinel tokens (train.py's new tokenizers), trained on pairs whose
+    shared spans are masked by them as train.py masks them (preprocessing.mask_shared_spans), plus a plain pair."""
+    texts = [text for pair in PAIRS_EN_ES + SOFTWARE for text in pair]
+    tokenizer = train_bpe_tokenizer(texts, vocab_size=320, model_max_length=64, sentinels=True)
     protector = SpanProtector()
-    pairs = [(protector.protect(s, True).model_text, protector.protect(t, True).model_text) for s, t in SOFTWARE]
+    pairs = [mask_shared_spans(source, target, protector)[:2] for source, target in SOFTWARE]
+    assert all("\uff5f" in source and "\uff5f" in target for source, target in pairs)
     model, _ = train_on_pairs(pairs * 3 + [("Jesus wept.", "Jesús lloró.")], tokenizer, steps=150, seed=1)
     model.generation_config = GenerationConfig(decoder_start_token_id=1, bos_token_id=1, eos_token_id=2,
                                                pad_token_id=0, max_length=40)
@@ -177,11 +188,18 @@ def test_sentinel_repair_on_a_model_that_drops_and_repeats_them(sentinel_model):
     model, tokenizer = sentinel_model
 
     class Careless(TorchBackend):
-        def generate(self, source_ids, bounds, num_beams, num_return_sequences, with_scores):
-            ids = tokenizer(text_target="Lee ｟1｠ la palabra ｟1｠ ahora ｟1｠.")["input_ids"]
-            return [[(ids, -1.0)] * num_return_sequences for _ in source_ids]
+        def __init__(self, model, output: str):
+            super().__init__(model)
+            self.ids = tokenizer(text_target=output)["input_ids"]
 
-    [translation] = translate_texts(Careless(model), tokenizer, ["Read <b>the word</b> now."])
-    assert translation.text.count("<b>") == 1 and translation.text.count("</b>") == 1
-    assert translation.text.index("<b>") < translation.text.index("</b>")
-    assert sorted(entry["how"] for entry in translation.spans) == ["aligned", "model"]
+        def generate(self, source_ids, bounds, num_beams, num_return_sequences, with_scores):
+            return [[(self.ids, -1.0)] * num_return_sequences for _ in source_ids]
+
+    [tags] = translate_texts(Careless(model, "Lee ｟1｠ la palabra ｟1｠ ahora ｟1｠."), tokenizer,
+                             ["Read <b>the word</b> now."])
+    assert tags.text.count("<b>") == 1 and tags.text.count("</b>") == 1
+    assert tags.text.index("<b>") < tags.text.index("</b>")  # aligned, or both in source order if that crossed
+    [printf] = translate_texts(Careless(model, "Jesús lloró ｟1｠ veces ｟1｠ ｟7｠."), tokenizer,
+                               ["Jesus wept %d times, %s."])
+    assert printf.text.count("%d") == 1 and printf.text.count("%s") == 1 and "\uff5f" not in printf.text
+    assert [entry["how"] for entry in printf.spans] == ["aligned", "model"]  # %d put back by the alignment

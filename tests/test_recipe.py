@@ -35,8 +35,8 @@ def cpu_flags(monkeypatch):
 
 def recipe_of(argv: list[str], device: torch.device = CPU):
     """(recipe, model_args, args) of train.py's flags `argv` on `device`."""
-    model_args, _, args = parse_arguments(argv)
-    return resolve_recipe(model_args, args, device), model_args, args
+    model_args, data_args, args = parse_arguments(argv)
+    return resolve_recipe(model_args, data_args, args, device), model_args, args
 
 
 # ------------------------------------------------------------------------------------------------ the precision
@@ -183,3 +183,17 @@ def test_the_augmentation_flags_default_to_the_recipes_rates():
     args = RunArguments()
     assert Augmentation.from_flags(args) == DEFAULT_AUGMENTATION
     assert DEFAULT_AUGMENTATION.source_paraphrase_rate == 0.5 and DEFAULT_AUGMENTATION.bpe_dropout == 0.0
+
+
+def test_the_recipe_says_whether_protected_spans_are_masked(tmp_path):
+    """On by default (the new tokenizer gets the sentinels), off with --mask_protected_spans false, and for a model
+    given to --model_name_or_path only if its tokenizer has them; recorded in train_results.json's recipe."""
+    lines = {}
+    for name, flags in {"default": {}, "off": {"mask_protected_spans": False},
+                        "loaded": {"model_name_or_path": "some/model"}}.items():
+        recipe, _, _ = recipe_of(tiny_run_flags(tmp_path, **flags))
+        [lines[name]] = [line for line in recipe.lines() if line.startswith("protected spans: ")]
+        assert recipe.as_dict()["mask_protected_spans"] is (name != "off")
+    assert "masked by the same sentinel token (｟0｠ ... ｟31｠, in the new tokenizer, 32 tokens more" in lines["default"]
+    assert lines["off"].startswith("protected spans: left as text (--mask_protected_spans false)")
+    assert "in the tokenizer of --model_name_or_path, if it has them (else left as text)" in lines["loaded"]

@@ -119,3 +119,26 @@ def test_a_large_dataset_is_sampled_by_pairs_without_reading_every_row():
     assert english == [pair["en"] for pair in _sampled_pairs(pairs, 100, seed=1)["translation"]]
     assert english != [pair["en"] for pair in _sampled_pairs(pairs, 100, seed=2)["translation"]]
     assert _sampled_pairs(pairs, max_sentences=2000, seed=1) is pairs  # small enough: every pair, in order
+
+
+def test_a_tokenizer_with_sentinels_keeps_each_as_one_plain_token(tmp_path):
+    """sentinels=True (train.py's default) adds ｟0｠...｟31｠ after the BPE vocabulary: one token each wherever
+    they stand, kept by decode(skip_special_tokens=True), saved and reloaded; the rest of the text tokenizes as
+    without them."""
+    from hf_scratch_transformer.protected_spans import MAX_SENTINELS, sentinel, sentinel_tokens, tokenizer_has_sentinels
+
+    texts = ["In the beginning God created.", "En el principio creó Dios.", "Delete %d files."] * 5
+    plain = train_bpe_tokenizer(texts, vocab_size=300)
+    with_sentinels = train_bpe_tokenizer(texts, vocab_size=300, sentinels=True)
+    assert not tokenizer_has_sentinels(plain) and tokenizer_has_sentinels(with_sentinels)
+    assert len(with_sentinels) == len(plain) + MAX_SENTINELS
+    assert with_sentinels.convert_tokens_to_ids(sentinel_tokens()) == list(range(len(plain), len(with_sentinels)))
+    assert not set(sentinel_tokens()) & set(with_sentinels.all_special_tokens)
+    text = f"Borrar {sentinel(0)}{sentinel(31)} archivos {sentinel(7)}."
+    ids = with_sentinels(text)["input_ids"]
+    assert sum(token >= len(plain) for token in ids) == 3
+    assert with_sentinels.decode(ids, skip_special_tokens=True) == text
+    assert with_sentinels("Delete files.")["input_ids"] == plain("Delete files.")["input_ids"]
+    with_sentinels.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert tokenizer_has_sentinels(reloaded) and reloaded(text)["input_ids"] == ids

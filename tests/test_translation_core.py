@@ -160,3 +160,15 @@ def test_nbest_of_a_document_joins_the_sentences_hypotheses(trained_model):
     first, second = ([segment.hypotheses[rank].text for segment in document.segments] for rank in (0, 1))
     assert [h.text for h in document.hypotheses] == [" ".join(first), " ".join(second)]
     assert document.hypotheses[1].token_ids == [t for s in document.segments for t in s.hypotheses[1].token_ids]
+
+
+def test_a_span_the_segmenter_would_cut_stays_whole_with_its_glossary_term(trained_model):
+    """`%.*s` looks like the end of a sentence to the segmenter: the core finds the spans (and glossary terms) of
+    the whole text first, so the span is protected whole and comes back once."""
+    model, tokenizer, _ = trained_model
+    text = "`%.*s' used for output. God is love."
+    [translation] = translate_texts(TorchBackend(model), tokenizer, [text],
+                                    text_options=TextOptions(protect=True, glossary={"God": "Dios"}))
+    assert [segment.source for segment in translation.segments] == ["`%.*s' used for output.", "God is love."]
+    assert [entry["text"] for entry in translation.spans] == ["%.*s"] and translation.text.count("%.*s") == 1
+    assert [entry["honoured"] for entry in translation.glossary] == [True]

@@ -84,6 +84,13 @@ class DataArguments:
         metadata={"help": "Drop training pairs whose source/target token-length ratio exceeds this (or 1/this)."},
     )
     tokenizer_vocab_size: int = field(default=4000, metadata={"help": "Vocabulary size of the joint BPE tokenizer."})
+    mask_protected_spans: bool = field(
+        default=True,
+        metadata={"help": "Mask the placeholders, markup, URLs and e-mail addresses both sides of a training pair "
+                          "share by sentinel tokens (｟0｠...｟31｠, added to a new tokenizer), so that the model "
+                          "learns to place them and translation protects them by default. false: spans stay text, "
+                          "and the tokenizer gets no sentinels."},
+    )
     tokenizer_max_sentences: int | None = field(
         default=500_000, metadata={"help": "Train the tokenizer on at most this many sampled sentences."}
     )

@@ -6,6 +6,12 @@ config's defaults: pad=0, bos=decoder_start=1, eos=2); a post-processor appends 
 Special tokens written literally in the input text (``"<s>"``) are encoded as plain text (``split_special_tokens``),
 so such strings round-trip too. The language pair a tokenizer was trained for is saved with it (``source_lang`` /
 ``target_lang`` in tokenizer_config.json, as Marian's tokenizer does): :func:`language_pair` reads it back.
+
+With ``sentinels=True`` (train.py's default, ``--mask_protected_spans``) the tokenizer also gets the 32 sentinel
+tokens ``｟0｠`` ... ``｟31｠`` of protected_spans.py as plain added tokens, after the BPE vocabulary: each is one token
+wherever it stands, and decoding keeps it (a special token would be dropped by ``skip_special_tokens=True``). Training
+masks the spans both sides of a pair share with them (preprocessing.mask_shared_spans), and translation protects
+spans by default for such a tokenizer (protected_spans.tokenizer_has_sentinels).
 """
 
 import random
@@ -15,6 +21,8 @@ from collections.abc import Iterable, Iterator
 from datasets import Dataset, DatasetDict, IterableDatasetDict
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
+
+from ..protected_spans import sentinel_tokens
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
 # BPE training time grows with the square of a word's length (a 1 MB run without spaces: minutes); texts with a
@@ -67,8 +75,10 @@ def train_bpe_tokenizer(
     max_sentences: int | None = None,
     seed: int = 0,
     model_max_length: int = 512,
+    sentinels: bool = False,
 ) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on ``texts`` (at most ``max_sentences`` of them, sampled with ``seed``)."""
+    """Train a byte-level BPE tokenizer on ``texts`` (at most ``max_sentences`` of them, sampled with ``seed``);
+    with ``sentinels``, the sentinel tokens are added after its ``vocab_size`` tokens."""
     if max_sentences is not None:
         texts = sample_sentences(texts, max_sentences, seed)
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -86,7 +96,7 @@ def train_bpe_tokenizer(
     tokenizer.post_processor = processors.TemplateProcessing(
         single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", eos_id)]
     )
-    return PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         pad_token="<pad>",
         bos_token="<s>",
@@ -96,6 +106,9 @@ def train_bpe_tokenizer(
         clean_up_tokenization_spaces=False,
         split_special_tokens=True,
     )
+    if sentinels:
+        fast.add_tokens(sentinel_tokens())  # plain, not special: decode(skip_special_tokens=True) keeps them
+    return fast
 
 
 def _both_sides(dataset, source_lang: str, target_lang: str) -> Iterator[str]:
@@ -129,9 +142,11 @@ def train_tokenizer_on_corpus(
     max_sentences: int | None = None,
     seed: int = 0,
     model_max_length: int = 512,
+    sentinels: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Train the joint tokenizer on both languages of ``dataset`` (the train split, a Dataset or IterableDataset),
-    at most ``max_sentences`` sentences of it; the language pair is recorded with it."""
+    at most ``max_sentences`` sentences of it; the language pair is recorded with it; ``sentinels`` adds the
+    sentinel tokens."""
     if isinstance(dataset, (DatasetDict, IterableDatasetDict)):
         raise TypeError("Pass the train split (a Dataset or IterableDataset), not a DatasetDict.")
     tokenizer = train_bpe_tokenizer(
@@ -140,5 +155,6 @@ def train_tokenizer_on_corpus(
         max_sentences=max_sentences,
         seed=seed,
         model_max_length=model_max_length,
+        sentinels=sentinels,
     )
     return set_language_pair(tokenizer, source_lang, target_lang)

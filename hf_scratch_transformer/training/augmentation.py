@@ -214,13 +214,25 @@ class BPEDropout:
         self.ranks = {pair: rank for rank, pair in enumerate(merges)}
         self.backend = tokenizer.backend_tokenizer
         self.eos_id = tokenizer.eos_token_id
+        # plain added tokens (the sentinels ｟0｠...) are whole tokens wherever they stand, as the tokenizer has them
+        special = set(tokenizer.all_special_tokens)
+        self.added = {token: index for token, index in tokenizer.get_added_vocab().items() if token not in special}
+        alternatives = "|".join(re.escape(token) for token in sorted(self.added, key=len, reverse=True))
+        self._added_pattern = re.compile(f"({alternatives})") if self.added else None
         self._deterministic: dict[str, tuple[list[str], int]] = {}  # word -> (its BPE pieces, merges applied)
 
     def encode(self, text: str, rng: random.Random) -> list[int]:
         """Token ids of `text` with `</s>` appended, as `tokenizer(text)["input_ids"]` but with dropout."""
         normalized = self.backend.normalizer.normalize_str(text)
-        words = [word for word, _ in self.backend.pre_tokenizer.pre_tokenize_str(normalized)]
-        return [self.vocab[piece] for word in words for piece in self.segment(word, rng)] + [self.eos_id]
+        pieces = self._added_pattern.split(normalized) if self._added_pattern else [normalized]
+        ids = []
+        for position, piece in enumerate(pieces):  # odd positions: the added tokens the text held
+            if position % 2:
+                ids.append(self.added[piece])
+                continue
+            words = [word for word, _ in self.backend.pre_tokenizer.pre_tokenize_str(piece)] if piece else []
+            ids += [self.vocab[token] for word in words for token in self.segment(word, rng)]
+        return ids + [self.eos_id]
 
     def segment(self, word: str, rng: random.Random) -> list[str]:
         """The pieces of one pre-tokenized word. Without any drop the result is the deterministic segmentation,

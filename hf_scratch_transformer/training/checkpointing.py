@@ -32,6 +32,8 @@ class RunState:
     batches_done_in_epoch: int = 0
     train_tokens: int = 0
     train_seconds: float = 0.0
+    train_flops: float | None = None  # model FLOPs trained (flops.py): 0 at a run's start, None read from a
+    # checkpoint written before they were counted (its earlier steps' FLOPs are unknown)
     history: list = field(default_factory=list)
     scheduler: dict = field(default_factory=dict)
     world_size: int = 1  # processes that trained: batches_done_in_epoch counts the batches of each of them
@@ -45,17 +47,24 @@ class RunState:
     wall_seconds: float = 0.0
     stop_reason: str | None = None
 
+    def count_trained(self, seconds: float, tokens: int, flops: float) -> None:
+        """Add a log window's training seconds, tokens and model FLOPs."""
+        self.train_seconds += seconds
+        self.train_tokens += tokens
+        if self.train_flops is not None:
+            self.train_flops += flops
+
 
 # What a resumed run must keep: the schedule (restored from the checkpoint) and the batch order and position, the
-# augmentation's draws (augmentation.Augmentation) and the recipe's precision, which sets the run-length rule's steps on
-# a CPU (Recipe.step_budget).
+# augmentation's draws (augmentation.Augmentation), the recipe's precision, which sets the run-length rule's steps on
+# a CPU (Recipe.step_budget), and the masking of protected spans (the training pairs themselves).
 RESUME_SETTINGS = {"args": ("learning_rate", "warmup_steps", "lr_scheduler_type", "seed", "per_device_train_batch_size",
                             "gradient_accumulation_steps", "metric_for_best_model"),
                    "augmentation": AUGMENTATION_FLAGS,
                    "recipe": ("bf16", "fp16"),
                    "data_args": ("dataset_name", "dataset_config_name", "train_file", "max_train_samples", "streaming",
                                  "source_lang", "target_lang", "max_source_length", "max_target_length",
-                                 "max_length_ratio", "max_tokens")}
+                                 "max_length_ratio", "max_tokens", "mask_protected_spans")}
 ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
                        "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "normalize_before",
                        "max_position_embeddings", "share_encoder_decoder_embeddings", "tie_word_embeddings")

@@ -16,7 +16,7 @@ from ..cpu_threads import thread_tuner
 from ..data.batching import make_batch_sampler
 from .tracking import log_to_trackers
 from ..translation_core import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LEN_A, DEFAULT_MAX_LEN_B
-from ..translation_core import DecodingOptions, TorchBackend, translate_batches
+from ..translation_core import DecodingOptions, TextOptions, TorchBackend, translate_texts
 
 logger = logging.getLogger("hf_scratch_transformer")
 
@@ -59,20 +59,24 @@ def evaluate_translations(
     max_len_a: float = DEFAULT_MAX_LEN_A, max_len_b: float = DEFAULT_MAX_LEN_B, description: str = "translating",
     on_batch=None,
 ) -> tuple[dict[str, float], list[str]]:
-    """Translate `sources` through the translation core and score them: ({"bleu", "chrf", "gen_len"}, predictions).
+    """Translate `sources` through the translation core as a user's texts are translated, and score them:
+    ({"bleu", "chrf", "gen_len"}, predictions).
 
-    `gen_len` is run_translation.py's: the mean length of the generated token sequences (`</s>` counted, the
-    decoder start token and padding not). `max_len_a`/`max_len_b` bound each translation (translation_core);
-    `max_new_tokens` None: the model's generation_config decides; `on_batch(tokens_generated, seconds)` is called
-    after each batch (translation_core.translate_batches).
+    Each source is one unit (a corpus pair is one segment: no sentence splitting, an over-long one is cut into
+    pieces rather than truncated), its protected spans protected as translation does by default: on for a model
+    whose tokenizer has the sentinel tokens (trained with masked spans), so a placeholder in a source comes back
+    exactly once, as a user gets it. `gen_len` is run_translation.py's: the mean length of the generated token
+    sequences (`</s>` counted, the decoder start token and padding not). `max_len_a`/`max_len_b` bound each
+    translation (translation_core); `max_new_tokens` None: the model's generation_config decides;
+    `on_batch(tokens_generated, seconds)` is called after each batch (translation_core.translate_batches).
     """
     options = DecodingOptions(num_beams=num_beams, batch_size=batch_size, max_new_tokens=max_new_tokens,
                               max_len_a=max_len_a, max_len_b=max_len_b)
-    hypotheses = translate_batches(TorchBackend(model), tokenizer, sources, options, progress=progress,
-                                   description=description, on_batch=on_batch)
-    predictions = [found[0].text if found else "" for found in hypotheses]
+    found = translate_texts(TorchBackend(model), tokenizer, sources, options, TextOptions(segment=False),
+                            progress=progress, description=description, on_batch=on_batch)
+    predictions = [translation.text.strip() for translation in found]  # one line each, whatever the source's ends
     scores = translation_scores(predictions, references)
-    lengths = [len(found[0].token_ids) if found else 0 for found in hypotheses]
+    lengths = [len(translation.hypotheses[0].token_ids) if translation.hypotheses else 0 for translation in found]
     scores["gen_len"] = round(sum(lengths) / max(len(lengths), 1), 4)
     return scores, predictions
 

@@ -31,6 +31,7 @@ from ..data.batching import TrainingBatches
 from .distributed import agree, any_process
 from ..errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import log_row
+from .flops import run_matmul_peak, tokens_and_flops, training_throughput
 from .model_directory import push_during_training
 from .recipe import Recipe
 from .run_directory import checkpoint_name, list_checkpoints, save_checkpoint
@@ -139,16 +140,18 @@ class StepSchedule:
 
 
 class LogWindow:
-    """What was trained since the last log line: the summed loss (a tensor, on the device), batches, tokens, and the
-    training time since `start`, whose clock stops while validating or saving (`paused`)."""
+    """What was trained since the last log line: the summed loss (a tensor, on the device), batches, tokens, model
+    FLOPs, and the training time since `start`, whose clock stops while validating or saving (`paused`)."""
 
     def __init__(self):
         self.loss: float | torch.Tensor = 0.0
         self.batches = self.tokens = 0
+        self.flops = 0.0
         self.start = time.time()
 
-    def add(self, loss: torch.Tensor, tokens: int) -> None:
+    def add(self, loss: torch.Tensor, tokens: int, flops: float) -> None:
         self.loss, self.batches, self.tokens = self.loss + loss, self.batches + 1, self.tokens + tokens
+        self.flops += flops
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -156,10 +159,11 @@ class LogWindow:
         yield
         self.start += time.time() - paused
 
-    def totals(self, accelerator: Accelerator) -> tuple[float, int, float]:
-        """(training seconds, tokens of all processes, mean loss of this process's batches)."""
-        tokens = int(accelerator.reduce(torch.tensor(self.tokens, device=accelerator.device), "sum"))
-        return time.time() - self.start, tokens, float(self.loss) / self.batches
+    def totals(self, accelerator: Accelerator) -> tuple[float, int, float, float]:
+        """(training seconds, tokens and model FLOPs of all processes, mean loss of this process's batches)."""
+        work = torch.tensor([self.tokens, round(self.flops)], device=accelerator.device)  # int64: exact
+        tokens, flops = accelerator.reduce(work, "sum").tolist()
+        return time.time() - self.start, tokens, float(flops), float(self.loss) / self.batches
 
 
 class NonFiniteLoss:
@@ -241,7 +245,7 @@ class TrainingLoop:
         self.accelerator, self.model, self.tokenizer, self.evaluator = accelerator, model, tokenizer, evaluator
         self.batches, self.args, self.recipe, self.output_dir = batches, args, recipe, output_dir
         self.callbacks, self.is_main = list(callbacks), accelerator.is_main_process
-        self.state, self.settings = RunState(), resume_settings(args, data_args, recipe)
+        self.state, self.settings = RunState(train_flops=0.0), resume_settings(args, data_args, recipe)
         self.last_checkpoint: Path | None = None
         self.final_validation: dict | None = None  # the validation of the weights the run ends with, if made
         optimizer = make_optimizer(model, args, accelerator.device)
@@ -258,7 +262,7 @@ class TrainingLoop:
         self.scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,
                                        num_training_steps=self.total_steps)
         self.non_finite, self.signals, self.window = NonFiniteLoss(accelerator.device), StopSignals(), LogWindow()
-        self.progress, self._expected_time_logged = None, False
+        self.progress, self._expected_time_logged, self.matmul_peak = None, False, None
 
     def resume(self, checkpoint: Path) -> None:
         """Model, optimiser, schedule, RNG states and position in the data from `checkpoint`."""
@@ -280,6 +284,7 @@ class TrainingLoop:
         state = self.state
         self.progress = tqdm(total=self.total_steps, initial=state.global_step, desc="training", unit="step",
                              disable=not self.is_main, dynamic_ncols=True)
+        self.matmul_peak = run_matmul_peak(self.accelerator, self.recipe.precision, self.threads)  # before the clock
         self.window = LogWindow()
         self.train_model.train()
         if self.threads is not None:
@@ -319,7 +324,7 @@ class TrainingLoop:
         an optimiser step was taken."""
         accelerator, started = self.accelerator, time.perf_counter()
         # Counted on the host before the copy to the device: no synchronisation.
-        tokens = int(batch["attention_mask"].sum()) + int((batch["labels"] != -100).sum())
+        tokens, flops = tokens_and_flops(self.model.config, batch)
         batch = {key: value.to(accelerator.device, non_blocking=True) for key, value in batch.items()}
         with accelerator.accumulate(self.train_model):
             loss = self._loss(batch)
@@ -330,7 +335,7 @@ class TrainingLoop:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.state.batches_done_in_epoch += 1
-        self.window.add(loss.detach(), tokens)
+        self.window.add(loss.detach(), tokens, flops)
         if self.threads is not None:
             self.threads.record(tokens, time.perf_counter() - started)
         for callback in self.callbacks:
@@ -400,9 +405,8 @@ class TrainingLoop:
     def _log_window(self) -> None:
         """Loss, learning rate and tokens/s (all processes' tokens) of the steps since the last log line."""
         state, batches = self.state, self.batches
-        seconds, tokens, loss = self.window.totals(self.accelerator)
-        state.train_tokens += tokens
-        state.train_seconds += seconds
+        seconds, tokens, flops, loss = self.window.totals(self.accelerator)
+        state.count_trained(seconds, tokens, flops)
         row = {"step": state.global_step, "epoch": batches.epoch_fraction(state.epoch, state.batches_done_in_epoch),
                "train_loss": round(loss, 4), "learning_rate": self.scheduler.get_last_lr()[0],
                "tokens_per_second": round(tokens / max(seconds, 1e-9), 1)}
@@ -468,8 +472,7 @@ class TrainingLoop:
             "train_loss": mean_train_loss(state.history),
             "epoch": self.batches.epoch_fraction(state.epoch, state.batches_done_in_epoch),
             "train_steps": steps,
-            "train_tokens": state.train_tokens,
-            "train_tokens_per_second": round(state.train_tokens / max(state.train_seconds, 1e-9), 1),
+            **training_throughput(state, self.matmul_peak),
             "train_padding_fraction": self.batches.padding_fraction(),
             "train_precision": self.recipe.precision,
             **({"train_cpu_threads": self.threads.current, "train_cpu_thread_changes": self.threads.changes,

@@ -127,7 +127,7 @@ def model_card(template: str | Path, *, model, model_args, data_args, args, reci
         decoding=_decoding(args), max_grad_norm=args.max_grad_norm, batching=_batching(data_args, args),
         steps=state.global_step,
         epochs=round(results.get("epoch", state.epoch), 2), train_tokens=f"{state.train_tokens:,}",
-        hardware=hardware, precision=_precision(recipe), train_time=f"{results['train_runtime'] / 60:.1f} minutes",
+        hardware=hardware, precision=_precision(recipe), training_speed=_training_speed(results), train_time=f"{results['train_runtime'] / 60:.1f} minutes",
         software=(f"hf-scratch-transformer, PyTorch {torch.__version__}, transformers {transformers.__version__}, "
                   f"Python {platform.python_version()}"),
         sample_translations=samples, decoding_for_samples=f"beam {args.num_beams}",
@@ -140,6 +140,16 @@ def model_card(template: str | Path, *, model, model_args, data_args, args, reci
 
 def _precision(recipe) -> str:
     return "fp32" if recipe.precision == "fp32" else f"{recipe.precision} mixed precision"
+
+
+def _training_speed(results: dict) -> str:
+    """Training tokens/s, model FLOP/s and their share of the measured matmul peak (flops.training_throughput)."""
+    speed = f"{results['train_tokens_per_second']:,.0f} non-padding tokens/s"
+    if results.get("train_mfu") is None:
+        return speed + " (model FLOPs not counted: resumed from a checkpoint written before they were)"
+    return (f"{speed}, {results['train_flops_per_second'] / 1e9:,.1f} model GFLOP/s: {results['train_mfu']:.1%} of "
+            f"the {results['train_precision']} matmul peak measured at the start, "
+            f"{results['train_matmul_peak_flops'] / 1e9:,.0f} GFLOP/s (MFU)")
 
 
 def _final_weights(results: dict) -> str:
@@ -177,8 +187,10 @@ def _test_scores(results: dict, num_beams: int) -> dict:
 def _filter_summary(report: dict) -> str:
     if report["input"] is None:
         return "streamed: empty, over-long and implausible-length-ratio pairs dropped as read"
+    masked = (f"; in {report['masked']} of the pairs kept, the protected spans both sides share were masked by "
+              f"sentinel tokens" if report.get("masked") else "")
     return (f"{report['empty']} empty, {report['too_long']} over-long and {report['bad_ratio']} "
-            f"implausible-length-ratio pairs dropped of {report['input']}")
+            f"implausible-length-ratio pairs dropped of {report['input']}{masked}")
 
 
 def _architecture(config, model_args) -> str:

@@ -6,7 +6,9 @@ Where a flag leaves a choice open, the recipe makes it:
 - the **precision** when neither --bf16 nor --fp16 is given: bf16 mixed precision where the CPU has bf16 matrix units,
   for a new model at least BF16_CPU_MIN_WIDTH wide, with BF16_CPU_STEP_BUDGET steps;
 - a **new model's** normalisation and dropout (NEW_MODEL_SETTINGS: pre-norm, no dropout);
-- the **training-time noise** (DEFAULT_AUGMENTATION: the defaults of the augmentation flags).
+- the **training-time noise** (DEFAULT_AUGMENTATION: the defaults of the augmentation flags);
+- **protected spans** (--mask_protected_spans, on by default): the spans both sides of a training pair share are
+  masked by sentinel tokens (data/preprocessing.py), which a new tokenizer gets.
 
 `resolve_recipe` reads the flags and never changes them: the resolved precision is the recipe's, and resuming
 (checkpointing.resume_settings), train_results.json and the model card read it there. The recipe is printed once at
@@ -162,6 +164,7 @@ class Recipe:
     new_model_settings: dict = field(default_factory=dict)  # config fields set on a new model ({} for a loaded one)
     augmentation: Augmentation = field(default_factory=Augmentation)
     loaded_model: bool = False  # --model_name_or_path: a new model's settings do not apply
+    mask_protected_spans: bool = True  # --mask_protected_spans: shared spans masked by sentinel tokens
 
     def run_length(self, args, steps_per_epoch: int | None) -> RunLength:
         return run_length(args, steps_per_epoch, self.step_budget)
@@ -185,7 +188,8 @@ class Recipe:
                 f"{DEFAULT_MAX_EPOCHS} epochs, with early stopping after {DEFAULT_PATIENCE} validations without a "
                 f"better model",
                 f"new model: {self._new_model_line()}",
-                f"training-time noise: {self.augmentation.describe()}"]
+                f"training-time noise: {self.augmentation.describe()}",
+                f"protected spans: {self._protected_spans_line()}"]
 
     def describe(self) -> str:
         """What the log prints once at the start of a run."""
@@ -196,7 +200,17 @@ class Recipe:
         """train_results.json's "recipe" entry."""
         return {"precision": self.precision, "step_budget": self.step_budget,
                 "new_model_settings": dict(self.new_model_settings), "augmentation": self.augmentation.settings(),
-                "description": self.lines()}
+                "mask_protected_spans": self.mask_protected_spans, "description": self.lines()}
+
+    def _protected_spans_line(self) -> str:
+        if not self.mask_protected_spans:
+            return ("left as text (--mask_protected_spans false): the tokenizer gets no sentinel tokens, and "
+                    "translation protects spans only when asked (--protect on)")
+        where = ("the tokenizer of --model_name_or_path, if it has them (else left as text)" if self.loaded_model
+                 else "the new tokenizer, 32 tokens more than --tokenizer_vocab_size")
+        return (f"the placeholders, markup, URLs and e-mail addresses both sides of a training pair share are masked "
+                f"by the same sentinel token (｟0｠ ... ｟31｠, in {where}), so the model learns to place them and "
+                f"translation protects them by default; --mask_protected_spans false leaves them as text")
 
     def _new_model_line(self) -> str:
         if self.loaded_model:
@@ -214,17 +228,19 @@ def bf16_pays_on(device: torch.device) -> bool:
     return device.type == "cpu" and cpu_bf16_units() is not None
 
 
-def resolve_recipe(model_args, args, device: torch.device, launcher_precision: str | None = None) -> Recipe:
-    """The recipe of a run with these flags (ModelArguments, RunArguments) on `device`; the flags are not changed.
-    `launcher_precision` is what `accelerate launch --mixed_precision` asked for ("bf16", "fp16" or None:
-    distributed.launcher_precision), which stands for --bf16 / --fp16 when neither is given."""
+def resolve_recipe(model_args, data_args, args, device: torch.device,
+                   launcher_precision: str | None = None) -> Recipe:
+    """The recipe of a run with these flags (ModelArguments, DataArguments, RunArguments) on `device`; the flags are
+    not changed. `launcher_precision` is what `accelerate launch --mixed_precision` asked for ("bf16", "fp16" or
+    None: distributed.launcher_precision), which stands for --bf16 / --fp16 when neither is given."""
     loaded = model_args.model_name_or_path is not None
     width = None if loaded else model_args.d_model or PRESETS[model_args.preset_name()]["d_model"]
     precision, note = _precision(args, device, width, launcher_precision)
     budget = BF16_CPU_STEP_BUDGET if precision == "bf16" and bf16_pays_on(device) else DEFAULT_STEP_BUDGET
     settings = {} if loaded else {name: value for name, value in NEW_MODEL_SETTINGS.items()
                                   if getattr(model_args, name) is None}
-    return Recipe(precision, note, budget, settings, Augmentation.from_flags(args), loaded)
+    return Recipe(precision, note, budget, settings, Augmentation.from_flags(args), loaded,
+                  data_args.mask_protected_spans)
 
 
 def _precision(args, device: torch.device, new_model_width: int | None,

@@ -162,7 +162,8 @@ def _start(model_args: ModelArguments, data_args: DataArguments, args: RunArgume
     check_launch(args)
     _quiet_libraries(args.verbose)
     claim_output_dir(args, lock if launched_rank() == 0 else None)  # the main process, before Accelerate
-    recipe = resolve_recipe(model_args, args, join_processes(args.ddp_timeout).device, launcher_precision())
+    recipe = resolve_recipe(model_args, data_args, args, join_processes(args.ddp_timeout).device,
+                            launcher_precision())
     accelerator = start_accelerator(args, Path(args.output_dir), recipe.precision,
                                     partial(staging_folder, what="the shared-directory check"))
     if args.do_train and accelerator.is_main_process:
@@ -231,6 +232,7 @@ def _tokenizer(raw, data_args: DataArguments, args: RunArguments, accelerator, c
         tokenizer = train_tokenizer_on_corpus(
             raw["train"], data_args.source_lang, data_args.target_lang, vocab_size=data_args.tokenizer_vocab_size,
             max_sentences=data_args.tokenizer_max_sentences, seed=args.seed,
+            sentinels=data_args.mask_protected_spans,
         )
         tokenizer.model_max_length = max(data_args.max_source_length, data_args.max_target_length)
         stage_tokenizer(tokenizer, Path(args.output_dir))

@@ -98,6 +98,8 @@ class CT2Backend:
     honour (sampling, forced or suppressed tokens...) are refused at load. CTranslate2 bounds only a whole batch,
     so the core gives it batches of sentences with one bound (`per_row_bounds = False`). Its beam search stops
     once `num_beams` hypotheses have ended, which is `generate(..., early_stopping=True)` (what train.py saves).
+    Its scores (`return_scores`) give the core's confidence, and its attention (`cross_attention`) places protected
+    spans and glossary terms by alignment, as with the PyTorch backend.
     """
 
     per_row_bounds = False
@@ -151,6 +153,24 @@ class CT2Backend:
         return [[([self.index[token] for token in hypothesis], score if with_scores else None)
                  for hypothesis, score in zip(result.hypotheses, result.scores or [None] * len(result.hypotheses))]
                 for result in results]
+
+
+    def cross_attention(self, source_ids: list[list[int]], target_ids: list[list[int]]) -> list:
+        """Per (source, translation) pair, the cross-attention CTranslate2 returns (`return_attention`) with the
+        translation forced as the target prefix, a (T, S) tensor: row t is what the step that produced target token t
+        attended to, as the core's alignment needs it. CTranslate2 gives the mean of the model's alignment heads of
+        its last decoder layer; hf-scratch-export-ct2 exports CTranslate2's default of one alignment head, so it is
+        that layer's first head (the PyTorch backend averages all of them)."""
+        import torch
+
+        results = self.translator.translate_batch(
+            [[self.tokens[token_id] for token_id in ids] for ids in source_ids],
+            target_prefix=[[self.tokens[token_id] for token_id in ids] for ids in target_ids],
+            beam_size=1, max_decoding_length=max(map(len, target_ids)), min_decoding_length=0, return_attention=True,
+            return_end_token=True, max_input_length=0, max_batch_size=0,
+        )
+        return [torch.tensor(result.attention[0], dtype=torch.float32)[: len(target), : len(source)]
+                for result, source, target in zip(results, source_ids, target_ids)]
 
 
 def _read_json(path: Path, default):

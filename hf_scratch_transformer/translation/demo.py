@@ -4,14 +4,17 @@
     hf-scratch-demo --model runs/en-es --host 0.0.0.0 --port 8080
     hf-scratch-demo --write_space space/ --model owner/en-es    # a folder to push as a Gradio Space
 
-The page translates typed or pasted text with greedy or beam search, lists the n best hypotheses with their scores,
-and draws the cross-attention of the hypothesis chosen as an interactive heatmap (source tokens across, generated
-tokens down; one layer, one head or the mean of the heads; the weight of a cell shows on hover). It starts offline:
-no analytics, no share link, system fonts, and it listens on 127.0.0.1 unless `--host` says otherwise.
+The page translates typed or pasted text (a sentence or a few paragraphs) with greedy or beam search through the
+package's translation core, shows the translation with its confidence, lists the n best hypotheses with their scores,
+protects placeholders, markup and URLs (a toggle), honours a glossary typed or pasted as TSV lines, and draws the
+cross-attention of the hypothesis chosen as an interactive heatmap (source tokens across, generated tokens down;
+one layer, one head or the mean of the heads; the weight of a cell shows on hover). It starts offline: no
+analytics, no share link, system fonts, and it listens on 127.0.0.1 unless `--host` says otherwise.
 
-The logic is plain functions, testable without a browser: `nbest_translations`, `attention_view`, `heatmap_matrix`,
-`heatmap_spec`, `example_sentences`, `write_space`. `build_demo` only lays them out with Gradio, which is an optional
-dependency: `pip install "hf-scratch-transformer[demo]"` (in a clone: `pip install -e ".[demo]"`).
+The logic is plain functions, testable without a browser: `translate_text`, `first_sentence`, `attention_view`,
+`heatmap_matrix`, `heatmap_spec`, `text_report`, `example_sentences`, `write_space`. `build_demo` only lays them out
+with Gradio, which is an optional dependency: `pip install "hf-scratch-transformer[demo]"` (in a clone: `pip install
+-e ".[demo]"`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import os
 import shutil
 import socket
@@ -33,8 +37,10 @@ import torch
 
 from ..data.tokenization import language_pair
 from ..errors import EnvironmentFault, UsageError, exit_code, one_line
+from ..glossary import parse_glossary
+from ..protected_spans import tokenizer_has_sentinels
 from .translate import TEST_SOURCES_FILE, load_model_and_tokenizer, pick_device
-from ..translation_core import DecodingOptions, Hypothesis, TorchBackend, translate_batches
+from ..translation_core import DecodingOptions, TextOptions, TextTranslation, TorchBackend, translate_texts
 
 PROGRAM = "hf-scratch-demo"
 DEFAULT_HOST = "127.0.0.1"
@@ -61,14 +67,47 @@ BUILTIN_EXAMPLES = {
 # --------------------------------------------------------------------------------------------------------------
 # Translation and attention, through the translation core (the CLI's and the pipeline's)
 # --------------------------------------------------------------------------------------------------------------
-def nbest_translations(model, tokenizer, text: str, num_beams: int = 1, num_hypotheses: int = 1) -> list[Hypothesis]:
-    """The `num_hypotheses` best translations of `text`, best first, with their scores: greedy search when
-    `num_beams` is 1 (one hypothesis), else beam search; bounded as hf-scratch-translate bounds them."""
+def translate_text(model, tokenizer, text: str, num_beams: int = 1, num_hypotheses: int = 1,
+                   protect: bool | None = None, glossary: str = "") -> TextTranslation:
+    """`text` translated as hf-scratch-translate translates a line: its `num_hypotheses` best translations
+    (`.hypotheses`, best first, with scores and confidence), the best (`.text`, `.confidence`), what became of its
+    protected spans and glossary terms (`.spans`, `.glossary`). Greedy search when `num_beams` is 1, else beam
+    search. `protect`: None for the model's default (on for a model trained with sentinels); `glossary`: TSV lines
+    `source term<TAB>target term` (GlossaryError, one line naming the line, when one is malformed)."""
     if not text.strip():
         raise ValueError("the text to translate is empty")
     options = DecodingOptions(num_beams=num_beams, num_return_sequences=num_hypotheses, with_scores=True)
-    [hypotheses] = translate_batches(TorchBackend(model), tokenizer, [text], options)
-    return hypotheses
+    terms = parse_glossary(glossary, "the glossary") if glossary.strip() else None
+    reading = TextOptions(protect=protect, glossary=terms if terms else None)
+    [translation] = translate_texts(TorchBackend(model), tokenizer, [text], options, reading)
+    return translation
+
+
+def first_sentence(translation: TextTranslation, rank: int = 0) -> tuple[str, list[int]]:
+    """(what the model read, the token ids it wrote) of the first sentence of `translation` that the model
+    translated, in its `rank`-th hypothesis: what the heatmap shows (one sentence: attention is per sentence)."""
+    for segment in translation.segments:
+        hypothesis = segment.hypotheses[min(rank, len(segment.hypotheses) - 1)]
+        if hypothesis.token_ids:
+            return segment.model_text, hypothesis.token_ids
+    raise ValueError("nothing of this text went to the model (only white space or protected spans)")
+
+
+def text_report(translation: TextTranslation) -> str:
+    """One line for the page: the confidence, how many sentences, and what became of spans and glossary terms."""
+    parts = [f"confidence {translation.confidence:.3f} (mean log-probability per token: 0 is certain; each token "
+             f"{math.exp(translation.confidence):.0%} likely on average)" if translation.confidence is not None
+             else "confidence: none (nothing was translated)"]
+    translated = [segment for segment in translation.segments if segment.hypotheses[0].token_ids]
+    if len(translated) > 1:
+        parts.append(f"{len(translated)} sentences, translated one by one (the heatmap shows the first)")
+    if translation.spans:
+        parts.append(f"{len(translation.spans)} protected span(s), each put back once")
+    if translation.glossary:
+        missed = [entry["source"] for entry in translation.glossary if not entry["honoured"]]
+        parts.append(f"glossary: {len(translation.glossary) - len(missed)} of {len(translation.glossary)} term "
+                     f"occurrence(s) honoured" + (f", not: {', '.join(missed)}" if missed else ""))
+    return "; ".join(parts)
 
 
 @dataclass
@@ -246,13 +285,16 @@ class DemoActions:
     def __init__(self, demo_model: DemoModel):
         self.demo_model = demo_model
 
-    def translate(self, text: str, decoding: str, beams: int, count: int) -> list[Hypothesis]:
+    def translate(self, text: str, decoding: str, beams: int, count: int, protect: bool = True,
+                  glossary: str = "") -> TextTranslation:
         num_beams = 1 if decoding == "greedy" else max(2, min(int(beams), MAX_BEAMS))
-        return nbest_translations(self.demo_model.model, self.demo_model.tokenizer, text, num_beams,
-                                  min(max(int(count), 1), num_beams))
+        return translate_text(self.demo_model.model, self.demo_model.tokenizer, text, num_beams,
+                              min(max(int(count), 1), num_beams), bool(protect), glossary or "")
 
-    def attention(self, text: str, hypothesis: Hypothesis) -> AttentionView:
-        return attention_view(self.demo_model.model, self.demo_model.tokenizer, text, hypothesis.token_ids)
+    def attention(self, translation: TextTranslation, rank: int = 0) -> AttentionView:
+        """The attention of the first sentence of hypothesis `rank`, over what the model read."""
+        model_text, token_ids = first_sentence(translation, rank)
+        return attention_view(self.demo_model.model, self.demo_model.tokenizer, model_text, token_ids)
 
     @staticmethod
     def heatmap(view: AttentionView, layer: int | str | None, head: str | None) -> dict:
@@ -263,8 +305,9 @@ class DemoActions:
                             heatmap_title(view.weights, layer_index, head_index))
 
     @staticmethod
-    def table(hypotheses: list[Hypothesis]) -> list[list]:
-        return [[rank + 1, h.text, round(h.score, 4), len(h.token_ids)] for rank, h in enumerate(hypotheses)]
+    def table(translation: TextTranslation) -> list[list]:
+        return [[rank + 1, h.text, round(h.score, 4), round(h.confidence, 4), len(h.token_ids)]
+                for rank, h in enumerate(translation.hypotheses)]
 
 
 def offline_theme(gradio):
@@ -290,9 +333,11 @@ def _plot(spec: dict):
 def _page_intro(demo_model: DemoModel) -> str:
     direction = f" ({demo_model.source_lang} → {demo_model.target_lang})" if demo_model.source_lang else ""
     return (f"## hf-scratch-transformer: `{demo_model.name}`{direction}\n"
-            "Type or paste a sentence and press **Translate**. The n-best table lists the hypotheses with their score "
-            "(log-probability per token, beam search's ranking); choose one to see what the decoder attended to while "
-            "writing it. Hover over a cell of the heatmap for its weight.")
+            "Type or paste a sentence (or paragraphs) and press **Translate**. The confidence is the mean "
+            "log-probability per token of the translation; the n-best table lists the hypotheses with their score "
+            "(beam search's ranking). Placeholders, markup and URLs are protected when the box is ticked; a glossary "
+            "(one `source term<TAB>target term` per line) pins terms. Choose a hypothesis to see what the decoder "
+            "attended to while writing its first sentence; hover over a cell of the heatmap for its weight.")
 
 
 def default_beams(model) -> int:
@@ -317,6 +362,12 @@ def build_demo(demo_model: DemoModel):
                     ui["decoding"] = gr.Radio(["greedy", "beam search"], value="beam search", label="Decoding")
                     ui["beams"] = gr.Slider(2, MAX_BEAMS, value=beams, step=1, label="Beams")
                     ui["count"] = gr.Slider(1, MAX_BEAMS, value=min(3, beams), step=1, label="Hypotheses (n-best)")
+                with gr.Row():
+                    ui["protect"] = gr.Checkbox(value=tokenizer_has_sentinels(demo_model.tokenizer),
+                                                label="Protect placeholders, markup, URLs, e-mail addresses",
+                                                elem_id="protect")
+                    ui["glossary"] = gr.Textbox(label="Glossary: source term<TAB>target term per line", lines=2,
+                                                elem_id="glossary")
                 ui["button"] = gr.Button("Translate", variant="primary", elem_id="translate")
                 if demo_model.examples:
                     gr.Examples([[text] for text in demo_model.examples], inputs=[ui["source"]],
@@ -324,9 +375,11 @@ def build_demo(demo_model: DemoModel):
             with gr.Column(scale=3):
                 ui["translation"] = gr.Textbox(label="Translation (best hypothesis)", interactive=False,
                                                elem_id="translation")
-                ui["table"] = gr.Dataframe(headers=["#", "translation", "score", "tokens"], label="n-best list",
-                                           interactive=False, wrap=True, elem_id="nbest",
-                                           column_widths=["8%", "62%", "16%", "14%"])
+                ui["report"] = gr.Textbox(label="Confidence, spans and glossary", interactive=False,
+                                          elem_id="confidence")
+                ui["table"] = gr.Dataframe(headers=["#", "translation", "score", "confidence", "tokens"],
+                                           label="n-best list", interactive=False, wrap=True, elem_id="nbest",
+                                           column_widths=["6%", "54%", "14%", "14%", "12%"])
         with gr.Row():
             ui["chosen"] = gr.Dropdown(choices=[("1", 0)], value=0, label="Attention of hypothesis #",
                                        elem_id="hypothesis")
@@ -339,30 +392,42 @@ def build_demo(demo_model: DemoModel):
 
 
 def _wire_events(gr, actions: DemoActions, ui: dict) -> None:
-    """Translate → translation, n-best table, heatmap of hypothesis 1; a hypothesis, layer or head chosen → heatmap.
-    The model's events share one queue (`concurrency_id`): the attention pass switches its attention kernel."""
-    translated, view_state = gr.State(None), gr.State(None)  # {"text", "hypotheses"} of the last translation
+    """Translate → translation, confidence, n-best table, heatmap of hypothesis 1; a hypothesis, layer or head
+    chosen → heatmap. The model's events share one queue (`concurrency_id`): the attention pass switches its
+    attention kernel."""
+    translated, view_state = gr.State(None), gr.State(None)  # the last TextTranslation, the heatmap's weights
 
-    def on_translate(text, decoding, beams, count, layer, head):
+    def on_translate(text, decoding, beams, count, protect, glossary, layer, head):
         if not text or not text.strip():
             raise gr.Error("Type or paste a sentence to translate first.")
-        hypotheses = actions.translate(text, decoding, beams, count)
-        view = actions.attention(text, hypotheses[0])
-        choices = [(str(rank + 1), rank) for rank in range(len(hypotheses))]
-        return (hypotheses[0].text, actions.table(hypotheses), gr.Dropdown(choices=choices, value=0),
-                {"text": text, "hypotheses": hypotheses}, view, _plot(actions.heatmap(view, layer, head)))
+        try:
+            translation = actions.translate(text, decoding, beams, count, protect, glossary)
+        except UsageError as error:  # a malformed glossary line, named
+            raise gr.Error(str(error)) from None
+        try:
+            view = actions.attention(translation)
+        except ValueError:  # only protected spans went to the model: the translation, no heatmap
+            view = None
+        choices = [(str(rank + 1), rank) for rank in range(len(translation.hypotheses))]
+        return (translation.text, text_report(translation), actions.table(translation),
+                gr.Dropdown(choices=choices, value=0), translation, view,
+                None if view is None else _plot(actions.heatmap(view, layer, head)))
 
     def on_choose(last, chosen, layer, head):
-        if not last or chosen is None or not 0 <= int(chosen) < len(last["hypotheses"]):
+        if not last or chosen is None or not 0 <= int(chosen) < len(last.hypotheses):
             return None, None
-        view = actions.attention(last["text"], last["hypotheses"][int(chosen)])
+        try:
+            view = actions.attention(last, int(chosen))
+        except ValueError:
+            return None, None
         return view, _plot(actions.heatmap(view, layer, head))
 
     def on_view(view, layer, head):
         return None if view is None else _plot(actions.heatmap(view, layer, head))
 
-    inputs = [ui["source"], ui["decoding"], ui["beams"], ui["count"], ui["layer"], ui["head"]]
-    outputs = [ui["translation"], ui["table"], ui["chosen"], translated, view_state, ui["heatmap"]]
+    inputs = [ui["source"], ui["decoding"], ui["beams"], ui["count"], ui["protect"], ui["glossary"], ui["layer"],
+              ui["head"]]
+    outputs = [ui["translation"], ui["report"], ui["table"], ui["chosen"], translated, view_state, ui["heatmap"]]
     ui["button"].click(on_translate, inputs, outputs, api_name="translate", concurrency_id="model")
     ui["source"].submit(on_translate, inputs, outputs, api_name=False, concurrency_id="model")
     ui["chosen"].input(on_choose, [translated, ui["chosen"], ui["layer"], ui["head"]], [view_state, ui["heatmap"]],
@@ -479,8 +544,9 @@ def write_space(directory: str | os.PathLike, model_id: str) -> Path:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROGRAM,
-        description="A web page to try a model: translation (greedy or beam search), the n-best list with scores, "
-        "and the cross-attention of each hypothesis as an interactive heatmap. Starts offline, on 127.0.0.1.",
+        description="A web page to try a model: translation (greedy or beam search) with its confidence, the n-best "
+        "list with scores, protected placeholders and markup, a glossary, and the cross-attention of each hypothesis "
+        "as an interactive heatmap. Starts offline, on 127.0.0.1.",
         epilog="examples:\n  hf-scratch-demo --model runs/en-es\n  hf-scratch-demo --model runs/en-es --port 8080\n"
         "  hf-scratch-demo --write_space space/ --model owner/en-es",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -1,6 +1,8 @@
 """Hostile cases of translating: hf-scratch-translate's flags, lines and streams, poisoned or mismatched model
-directories, unwritable paths, the Python API and the pipeline, the CTranslate2 export; and issue 42's input reading
-(a byte-order mark, /dev/zero, a working directory deleted before the command starts, an empty --model).
+directories, unwritable paths, the Python API and the pipeline, the CTranslate2 export, real text (a broken
+glossary, a user's pattern that cannot be used, a binary input file: refused before anything is loaded or
+written; a 5 MB line: translated) and issue 42's input reading (a byte-order mark, /dev/zero, a working directory
+deleted before the command starts, an empty --model).
 
 Each case asserts the class of outcome: a refusal is ONE line naming the cause, with exit status 2 (the user's
 to fix) or 1 (the environment); an input that must work gives the documented result.
@@ -330,10 +332,10 @@ def _endless_input(through_stdin: bool):
         started = time.perf_counter()
         if through_stdin:
             status, err, _ = command(["--model", ws.model_dir()], cwd_script="exec < /dev/zero &&")
-            parts = ("standard input", "NUL byte (byte 0)")
+            parts = ("standard input is binary", "NUL byte at byte 0")
         else:
             status, err, _ = command(["--model", ws.model_dir(), "--input_file", "/dev/zero"])
-            parts = ("input file /dev/zero", "NUL byte (byte 0)")
+            parts = ("input file /dev/zero is binary", "NUL byte at byte 0")
         message = one_line(status, err, 2, *parts)
         if time.perf_counter() - started > 120:
             raise Failure(f"took {time.perf_counter() - started:.0f} s")
@@ -365,5 +367,65 @@ READING_CASES = [
     Case("empty_model_name", CATEGORY, refused(lambda ws: ["--model", "", "Jesus wept."], 2,
                                                "the model name is empty", "save_pretrained")),
 ]
+# ---------------------------------------------------------------------------------------- real text (issue 41)
+def _nothing_written(argv_of, *parts) -> callable:
+    """The command given `argv_of(ws)` and an --output_file ends with exit status 2 and one line naming every
+    part, before the model is loaded (it does not exist here), and the output file is not created."""
+    def check(ws: Workspace) -> str:
+        folder = ws.fresh("real-text")
+        output = folder / "out.txt"
+        status, err, out = run(["--model", ws.root / "no-such-model", *argv_of(folder), "-o", output])
+        if output.exists() or out:
+            raise Failure(f"something was written: {output.exists()=}, stdout {out[:100]!r}")
+        return one_line(status, err, 2, *parts)
+    return check
 
-CASES = FLAG_CASES + LINE_CASES + MODEL_CASES + PATH_CASES + STREAM_CASES + API_CASES + READING_CASES
+
+def _file(folder: Path, name: str, data: bytes) -> Path:
+    (folder / name).write_bytes(data)
+    return folder / name
+
+
+def _glossary(data: bytes):
+    return lambda folder: ["--glossary", _file(folder, "terms.tsv", data), "Jesus wept."]
+
+
+def _five_megabyte_line(ws: Workspace) -> str:
+    """A document of 5 MB on one line finishes (its sentences translated in batches; an over-long one cut into
+    pieces), one output line for the one input line."""
+    folder = ws.fresh("five-mb")
+    source = _file(folder, "line.txt", (("God saw the light " * 300 + ". ") * 960)[:5_000_000].encode() + b"\n")
+    started = time.perf_counter()
+    status, err, out = run(["--model", ws.model_dir(), "-i", source, "--max_new_tokens", "1", "--batch_size", "512",
+                            "--no_progress"])
+    seconds = time.perf_counter() - started
+    if status != 0 or out.count("\n") != 1 or not out.strip():
+        raise Failure(f"exit status {status}, {out.count(chr(10))} output lines: {err.strip()[-300:]}")
+    if seconds > 600:
+        raise Failure(f"took {seconds:.0f} s")
+    return f"5 MB in one line: one line out in {seconds:.0f} s"
+
+
+REAL_TEXT_CASES = [
+    Case("glossary_malformed_line", CATEGORY, _nothing_written(
+        _glossary(b"Jesus\tCristo\nGod Dios\n"), "terms.tsv line 2", "expected `source term<TAB>target term`")),
+    Case("glossary_empty_term", CATEGORY, _nothing_written(
+        _glossary(b"Jesus\tCristo\nGod\t  \n"), "terms.tsv line 2: the target term is empty")),
+    Case("glossary_duplicate_terms", CATEGORY, _nothing_written(
+        _glossary(b"Jesus\tCristo\nGod\tDios\nJesus\tJesucristo\n"), "terms.tsv line 3", "but line 1 gives",
+        "keep one target per source term")),
+    Case("protect_pattern_does_not_compile", CATEGORY, _nothing_written(
+        lambda folder: ["--protect_pattern", "[a-", "Jesus wept."], "--protect_pattern", "'[a-' does not compile")),
+    Case("protect_pattern_matches_empty", CATEGORY, _nothing_written(
+        lambda folder: ["--protect_pattern", "x?", "Jesus wept."], "--protect_pattern", "matches the empty string")),
+    Case("input_file_in_utf16", CATEGORY, _nothing_written(
+        lambda folder: ["-i", _file(folder, "notepad.txt", "Jesus wept.\n".encode("utf-16-le"))], "notepad.txt",
+        "is binary, not text", "NUL byte at byte 1", "iconv -f utf-16")),
+    Case("input_file_with_nul_bytes", CATEGORY, _nothing_written(
+        lambda folder: ["-i", _file(folder, "core.dump", b"ELF\x00\x01\x02 Jesus")], "core.dump",
+        "is binary, not text", "NUL byte at byte 3")),
+    Case("five_megabyte_line", CATEGORY, _five_megabyte_line),
+]
+
+CASES = (FLAG_CASES + LINE_CASES + MODEL_CASES + PATH_CASES + STREAM_CASES + API_CASES + REAL_TEXT_CASES
+         + READING_CASES)

@@ -1,0 +1,59 @@
+"""The measuring scripts of issue 43 on small inputs: benchmarks/matmul_peak.py (the CPU's fp32 and bf16 matmul
+peaks) and the parts of benchmarks/peer_eole.py that read eole's logs and write its input (eole itself lives in its
+own virtual environment and is not installed for the tests)."""
+
+import json
+
+import pytest
+import torch
+
+
+def test_matmul_peak_writes_both_dtypes_at_each_thread_count_and_names_the_cpu(tmp_path):
+    from matmul_peak import main
+
+    threads = torch.get_num_threads()
+    results = main(["--sizes", "64", "128", "--rounds", "3", "--threads", "1", "--output", str(tmp_path / "p.json")])
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(threads)
+    saved = json.loads((tmp_path / "p.json").read_text())
+    assert saved["gflops"]["1"]["fp32"].keys() == saved["gflops"]["1"]["bf16"].keys() == {"64", "128"}
+    rates = [rates for dtype in saved["gflops"]["1"].values() for rates in dtype.values()]
+    assert all(len(rounds) == 3 and min(rounds) > 0 for rounds in rates)
+    peak = results["peaks"]["1"]
+    assert peak["fp32"]["peak_gflops"] == max(sorted(rates)[1] for rates in saved["gflops"]["1"]["fp32"].values())
+    markdown = (tmp_path / "p.md").read_text()
+    assert saved["machine"]["cpu"] in markdown and "Load average" in markdown
+    assert (results["bf16_units"] or "none") in markdown
+
+
+EOLE_LOG = """[2026-11-26 16:59:05,793 INFO] Step  5/   10; acc: 4.3; ppl: 2149.08; xent: 7.67; aux: 0.000; mtp: 0.000; \
+attn_ent: 3.280; lr: 2.00e-03; sents:     159; bsz:  899/ 965/32;  75/ 81 tok/s;     60 sec;
+[2026-11-26 16:59:21,633 INFO] Step 10/   10; acc: 4.7; ppl: 914.08; xent: 6.82; aux: 0.000; mtp: 0.000; \
+attn_ent: 3.244; lr: 2.00e-03; sents:     161; bsz:  881/ 944/32; 278/298 tok/s;     76 sec;
+"""  # eole 0.6.4's training log, as written
+
+
+def test_peer_eole_reads_source_plus_target_tokens_per_second_of_each_window_after_the_first(tmp_path):
+    from peer_eole import EOLE_STEP_LINE, window_rate
+
+    windows = [{"step": int(step), "tokens_per_second": float(src) + float(tgt)}
+               for step, src, tgt, _ in EOLE_STEP_LINE.findall(EOLE_LOG)]
+    assert windows == [{"step": 5, "tokens_per_second": 156.0}, {"step": 10, "tokens_per_second": 576.0}]
+    assert window_rate({"windows": windows}) == 576.0  # the first window (start-up) left out
+    assert window_rate({"windows": windows[:1]}) == 156.0  # unless it is the only one
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_peer_eole_writes_eole_s_config_for_the_small_preset(tmp_path):
+    from peer_eole import eole_config
+
+    from hf_scratch_transformer import ScratchTransformerConfig
+
+    config = json.loads(eole_config(tmp_path, steps=20, log_every=5, max_tokens=1024, vocab_size=4000).read_text())
+    small = ScratchTransformerConfig.from_preset("small")
+    model = config["model"]
+    assert (model["hidden_size"], model["layers"], model["heads"], model["transformer_ff"]) == \
+        (small.d_model, small.encoder_layers, small.encoder_attention_heads, small.encoder_ffn_dim)
+    assert small.decoder_layers == small.encoder_layers and small.decoder_ffn_dim == small.encoder_ffn_dim
+    assert config["training"]["batch_size"] == 1024 and config["training"]["batch_type"] == "tokens"
+    assert config["training"]["dropout"] == [0.0] and config["training"]["label_smoothing"] == 0.1
