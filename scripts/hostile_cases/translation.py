@@ -406,6 +406,27 @@ def _five_megabyte_line(ws: Workspace) -> str:
     return f"5 MB in one line: one line out in {seconds:.0f} s"
 
 
+def _jsonl_of_awkward_lines(extra: list):
+    """--output_format jsonl (with `extra` flags) of lines holding U+2028, U+0085, a lone \\r, only white space,
+    nothing, and a glossary term: exactly one JSON object per input line however the output is split (str.splitlines
+    included), each naming its line's source, in order."""
+    def check(ws: Workspace) -> str:
+        folder = ws.fresh("jsonl")
+        sources = ["God saw the light.\u2028Jesus wept.", "Jesus\x85wept.", "God\rsaw.", "   ", "", "Jesús lloró."]
+        glossary = _file(folder, "terms.tsv", "Jesus\tJesús\n".encode())
+        status, err, out = run(["--model", ws.model_dir(), "--output_format", "jsonl", "--glossary", glossary,
+                                "--no_progress", *extra], stdin="\n".join(sources).encode() + b"\n")
+        if status != 0 or "Traceback" in err:
+            raise Failure(f"exit status {status}: {err.strip()[-300:]}")
+        records = [json.loads(line) for line in out.splitlines()]
+        if [record["source"] for record in records] != sources or [r["id"] for r in records] != [1, 2, 3, 4, 5, 6]:
+            raise Failure(f"{len(records)} objects for {len(sources)} lines: {[r.get('source') for r in records]}")
+        if extra and not all(len(record["nbest"]) == 2 for record in records if record["source"].strip()):
+            raise Failure("--nbest 2 did not give two hypotheses per text")
+        return f"{len(records)} JSON objects for {len(sources)} awkward lines, in order"
+    return check
+
+
 REAL_TEXT_CASES = [
     Case("glossary_malformed_line", CATEGORY, _nothing_written(
         _glossary(b"Jesus\tCristo\nGod Dios\n"), "terms.tsv line 2", "expected `source term<TAB>target term`")),
@@ -425,6 +446,8 @@ REAL_TEXT_CASES = [
         lambda folder: ["-i", _file(folder, "core.dump", b"ELF\x00\x01\x02 Jesus")], "core.dump",
         "is binary, not text", "NUL byte at byte 3")),
     Case("five_megabyte_line", CATEGORY, _five_megabyte_line),
+    Case("jsonl_of_awkward_lines", CATEGORY, _jsonl_of_awkward_lines([])),
+    Case("jsonl_nbest_of_awkward_lines", CATEGORY, _jsonl_of_awkward_lines(["--nbest", "2", "--num_beams", "2"])),
 ]
 
 CASES = (FLAG_CASES + LINE_CASES + MODEL_CASES + PATH_CASES + STREAM_CASES + API_CASES + REAL_TEXT_CASES
