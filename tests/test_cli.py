@@ -441,7 +441,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(case, tmp_path, capsys
                                       ["--protect_pattern", "'[0-9]*' matches the empty string"]),
             "unknown_kind": (["--protect_kinds", "printf,emoji", "-i", str(source)], ["--protect_kinds", "emoji"]),
             "binary_input": (["-i", str(tmp_path / "binary.txt")],
-                             [f"input file {tmp_path / 'binary.txt'} is not valid UTF-8", "at byte 15"]),
+                             [f"input file {tmp_path / 'binary.txt'} is binary, not text", "NUL byte at byte 12"]),
             "utf16_input": (["-i", str(tmp_path / "utf16.txt")],
                             [f"input file {tmp_path / 'utf16.txt'} is binary, not text: a NUL byte at byte 1",
                              "iconv -f utf-16"]),
