@@ -19,12 +19,14 @@ thread count, so a run whose count changes with the load does not repeat bit for
 """
 
 import logging
+import math
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -53,15 +55,145 @@ def cpu_bf16_units() -> str | None:
 
 
 def thread_tuner(device, name: str, fixed: int = 0) -> "ThreadTuner | None":
-    """The thread policy of one kind of work on `device` (None off the CPU): up to the cores available to this
-    process's share of the machine (the processes a launcher started on it, LOCAL_WORLD_SIZE), or `fixed` (--cpu_threads
-    N) when it is not 0. `accelerate launch` sets OMP_NUM_THREADS=1, which is not taken as a limit."""
+    """The thread policy of one kind of work on `device` (None off the CPU): adapted to the load up to
+    `thread_limit()`, or `fixed` (--cpu_threads N) when it is not 0, lowered to that limit with a warning when it is
+    above it (more threads than cores only wait for each other)."""
     if getattr(device, "type", device) != "cpu":
         return None
-    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    tuner = ThreadTuner(max(1, available_cores() // local_processes), name, fixed=fixed or None)
+    limit = thread_limit()
+    if fixed and fixed > limit.threads:
+        logger.warning(f"--cpu_threads {fixed} is more than this process may use ({limit.reason}): {limit.threads} "
+                       f"thread(s) used")
+        fixed = limit.threads
+    tuner = ThreadTuner(limit.threads, name, fixed=fixed or None, limit=limit)
     tuner.calibrate()
     return tuner
+
+
+# ------------------------------------------------------------------------------------------- how many threads at most
+
+LAUNCHER_VARIABLES = {"ACCELERATE_MIXED_PRECISION": "accelerate launch", "TORCHELASTIC_RUN_ID": "torchrun"}
+PIN_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class ThreadLimit:
+    """The most threads a process should use, why (`reason`, for the log) and what was not taken as a limit
+    (`notes`: a launcher's default, a value that is no count)."""
+
+    threads: int
+    reason: str
+    notes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """"1 (OMP_NUM_THREADS=1)": the limit as train_results.json records it."""
+        return f"{self.threads} ({'; '.join((self.reason, *self.notes))})"
+
+
+def thread_limit(environ=None, proc: Path = Path("/proc/self")) -> ThreadLimit:
+    """The smallest of: the cores this process may run on (`available_cores`: its affinity mask, as `taskset` or a
+    container's cpuset sets it) and the CPU quota of its cgroup (`cgroup_cpu_quota`), shared by the processes a
+    launcher started on this machine (LOCAL_WORLD_SIZE); and the user's OMP_NUM_THREADS / MKL_NUM_THREADS.
+    `accelerate launch` and torchrun set OMP_NUM_THREADS=1 for every process they start when the user gave no
+    value: under them 1 is taken for the launcher's and is no limit (a note says so); another value is the user's."""
+    environ = os.environ if environ is None else environ
+    cores, total = available_cores(), os.cpu_count() or 1
+    limits = [(cores, f"{cores} core(s) in this process's affinity mask (taskset, cpuset)" if cores < total
+               else f"the machine's {cores} core(s)")]
+    quota = cgroup_cpu_quota(proc)
+    if quota is not None:
+        limits.append((max(1, math.floor(quota[0])), f"its cgroup's CPU quota of {quota[0]:g} CPU(s) ({quota[1]})"))
+    local_processes = _whole_number(environ.get("LOCAL_WORLD_SIZE")) or 1
+    if local_processes > 1:
+        cpus, why = min(limits)
+        limits.append((max(1, cpus // local_processes), f"{why}, shared by the {local_processes} processes launched "
+                                                         f"on this machine (LOCAL_WORLD_SIZE)"))
+    notes = []
+    launcher = next((name for variable, name in LAUNCHER_VARIABLES.items() if variable in environ), None)
+    for variable in PIN_VARIABLES:
+        value = environ.get(variable)
+        if value is None or not value.strip():
+            continue
+        count = _whole_number(value)
+        if count is None:
+            notes.append(f"{variable}={value!r} is no whole number >= 1 and was not taken as a limit")
+        elif count == 1 and launcher and variable == "OMP_NUM_THREADS":
+            notes.append(f"OMP_NUM_THREADS=1 is what {launcher} sets for each process when given no value, so it was "
+                         f"not taken as a limit (--cpu_threads 1 pins one thread)")
+        else:
+            limits.append((count, f"{variable}={count}"))
+    threads, reason = min(limits, key=lambda limit: limit[0])
+    return ThreadLimit(threads, reason, tuple(notes))
+
+
+def _whole_number(value: str | None) -> int | None:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        return None
+    return number if number >= 1 else None
+
+
+def cgroup_cpu_quota(proc: Path = Path("/proc/self")) -> tuple[float, str] | None:
+    """(CPUs, where it was read) of the tightest CPU quota on this process's cgroup or its ancestors: cgroup v2's
+    cpu.max (`150000 100000`: 1.5 CPUs), cgroup v1's cpu.cfs_quota_us / cpu.cfs_period_us; None when there is none
+    (or no cgroup file system). `proc` is /proc/self (tests give a made-up one)."""
+    try:
+        memberships = (proc / "cgroup").read_text().splitlines()
+        mounts = (proc / "mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    found = []
+    for directory, top, version in _cpu_cgroup_directories(memberships, mounts):
+        while True:
+            quota = _read_quota(directory, version)
+            if quota is not None:
+                found.append(quota)
+            if directory == top or top not in directory.parents:
+                break
+            directory = directory.parent
+    return min(found) if found else None
+
+
+def _cpu_cgroup_directories(memberships: list[str], mounts: list[str]):
+    """(this process's cgroup directory, the mount point above which nothing is read, 1 or 2) per mounted cgroup
+    hierarchy with the cpu controller, from /proc/self/cgroup (`id:controllers:path`) and /proc/self/mountinfo."""
+    paths = {}  # cgroup version -> this process's cgroup path in that hierarchy
+    for line in memberships:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            paths[2] = path
+        elif "cpu" in controllers.split(","):
+            paths[1] = path
+    for line in mounts:
+        fields, _, described = line.partition(" - ")
+        fields, described = fields.split(), described.split()
+        if len(fields) < 5 or len(described) < 3:
+            continue
+        fstype, options = described[0], described[-1].split(",")
+        version = 2 if fstype == "cgroup2" else 1 if fstype == "cgroup" and "cpu" in options else None
+        if version not in paths:
+            continue
+        root, mount_point = fields[3], Path(fields[4])  # the mount shows the hierarchy from `root` down
+        relative = os.path.relpath(paths[version], root) if paths[version].startswith(root) else "."
+        yield Path(os.path.normpath(mount_point / relative)), mount_point, version
+
+
+def _read_quota(directory: Path, version: int) -> tuple[float, str] | None:
+    """(CPUs, file and contents) of one cgroup's quota, or None when it sets none."""
+    try:
+        if version == 2:
+            text = (directory / "cpu.max").read_text().split()
+            if text[0] == "max":
+                return None
+            quota, period, where = int(text[0]), int(text[1]), f"{directory / 'cpu.max'}: {' '.join(text)}"
+        else:
+            quota = int((directory / "cpu.cfs_quota_us").read_text())
+            period = int((directory / "cpu.cfs_period_us").read_text())
+            where = f"{directory}/cpu.cfs_quota_us {quota} / cpu.cfs_period_us {period}"
+    except (OSError, ValueError, IndexError):
+        return None
+    return (quota / period, where) if quota > 0 and period > 0 else None
 
 
 def stand_in_work(rows: int = 512, width: int = 256, hidden: int = 1024) -> Callable[[], None]:
@@ -98,7 +230,7 @@ class ThreadTuner:
     """Chooses torch's intra-op thread count from measured throughput (see the module docstring).
 
     Args:
-        max_threads: the most threads to use (the cores available to this process).
+        max_threads: the most threads to use (`thread_limit()`: the cores available to this process, its pins).
         name: what is measured, for the log ("training", "translation").
         fixed: a thread count to keep (e.g. --cpu_threads N); nothing is measured then.
         window_seconds / min_window_steps: a measurement window lasts at least this long and this many steps.
@@ -109,15 +241,17 @@ class ThreadTuner:
         warmup_windows: windows measured and ignored at the start (first steps allocate memory and warm caches:
             counting them would make the starting count look slow).
         set_threads: applies a thread count (torch.set_num_threads; tests pass their own).
+        limit: where `max_threads` comes from, for the log (`thread_limit()`).
     """
 
     def __init__(self, max_threads: int, name: str, fixed: int | None = None, *, window_seconds: float = 2.0,
                  min_window_steps: int = 3, recheck_seconds: float = 30.0, max_recheck_seconds: float = 240.0,
                  drop_ratio: float = 0.6, margin: float = 1.05, warmup_windows: int = 1,
-                 set_threads: Callable[[int], None] = torch.set_num_threads):
+                 set_threads: Callable[[int], None] = torch.set_num_threads, limit: ThreadLimit | None = None):
         if max_threads < 1:
             raise ValueError(f"max_threads must be at least 1, got {max_threads}")
         self.max_threads, self.name, self.fixed = max_threads, name, fixed
+        self.limit = limit or ThreadLimit(max_threads, f"at most {max_threads} asked for")
         self.window_seconds, self.min_window_steps = window_seconds, min_window_steps
         self.recheck_seconds, self.max_recheck_seconds = recheck_seconds, max_recheck_seconds
         self.drop_ratio, self.margin, self.set_threads = drop_ratio, margin, set_threads
@@ -176,13 +310,16 @@ class ThreadTuner:
         self.set_threads(count)
 
     def describe(self) -> str:
-        """The log line of the policy, with what it means for reproducibility."""
+        """The log line of the policy: the count, the limit and why (a user's pin, a quota...), what was not taken as
+        a limit, and what it means for reproducibility."""
+        notes = "".join(f"; {note}" for note in self.limit.notes)
         if not self.adaptive:
-            why = "pinned by --cpu_threads" if self.fixed else "one core available"
-            return f"{self.current} CPU thread(s) for {self.name} ({why}: results repeat bit for bit at this count)"
+            why = "pinned by --cpu_threads" if self.fixed else f"the most it may use, {self.limit.reason}"
+            return (f"{self.current} CPU thread(s) for {self.name} ({why}: results repeat bit for bit at this "
+                    f"count{notes})")
         return (f"{self.current} CPU thread(s) for {self.name} to start with, then adapted to the load (1 to "
-                f"{self.max_threads}): faster on busy cores, but the sums depend on the thread count, so results do "
-                f"not repeat bit for bit; --cpu_threads N pins N and makes them repeat")
+                f"{self.max_threads}: {self.limit.reason}{notes}): faster on busy cores, but the sums depend on the "
+                f"thread count, so results do not repeat bit for bit; --cpu_threads N pins N and makes them repeat")
 
     def record(self, work: float, seconds: float) -> None:
         """Account one step (`work` units done in `seconds`); may change the thread count."""

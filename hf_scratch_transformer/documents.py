@@ -32,8 +32,11 @@ from .errors import UsageError
 SEGMENTER_PACKAGE = "sentencex"
 INPUT_FORMATS = ("lines", "paragraphs", "file")  # how a file is cut into texts: see `split_input`
 DEFAULT_LANGUAGE = "en"  # the segmenter's rules when neither the caller nor the tokenizer names the language
-_BLANK_LINES = re.compile(r"[^\S\n]*\n(?:[^\S\n]*\n)+[^\S\n]*")  # two or more line breaks, blanks between
-_CLAUSE_END = re.compile(r"[,;:\u2013\u2014)\]»”\"]\s+|\s+[\u2013\u2014-]\s+")  # where a clause may end
+# Two or more line breaks, blanks between; and where a clause may end. A match of white space starts only where a run
+# of it starts (the look-behind): tried at every position inside a run, each attempt would scan the rest of the run,
+# and a long run (a line of 5 MB of spaces) would take hours.
+_BLANK_LINES = re.compile(r"(?<![^\S\n])[^\S\n]*\n(?:[^\S\n]*\n)+[^\S\n]*")
+_CLAUSE_END = re.compile(r"[,;:\u2013\u2014)\]»”\"]\s+|(?<!\s)\s+[\u2013\u2014-]\s+")
 _SPACE = re.compile(r"\s+")
 
 

@@ -19,6 +19,7 @@ import errno
 import math
 import os
 import signal
+import sys
 
 
 class ScratchTransformerError(Exception):
@@ -88,6 +89,34 @@ def write_error(error: OSError, what: str, path) -> UsageError | EnvironmentFaul
                        errno.ENOENT, errno.EEXIST):
         return UsageError(f"cannot write {where}: {reason}; choose another path")
     return EnvironmentFault(f"cannot write {where}: {reason}")
+
+
+def print_results(text: str, saved_in) -> None:
+    """Print a command's closing `text` on standard output. A reader that has gone (`| head -1`) is not an error:
+    nothing more is printed. A stream that cannot be written (`> /dev/full`) is one EnvironmentFault line saying
+    that the results are saved in `saved_in` all the same. Either way standard output then points at /dev/null, so
+    that what is still buffered cannot fail again when Python exits."""
+    if sys.stdout is None:  # started with standard output closed (`>&-`)
+        return
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        silence_stdout()
+    except OSError as error:
+        silence_stdout()
+        raise EnvironmentFault(f"{write_error(error, 'standard output', None)} (the results are saved in "
+                               f"{saved_in} all the same)") from None
+
+
+def silence_stdout() -> None:
+    """Point standard output at /dev/null (its file descriptor: what Python flushes at exit goes nowhere)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (a StringIO): nothing is flushed at exit
+        pass
 
 
 def working_directory_exists() -> bool:

@@ -45,9 +45,21 @@ class Glossary:
 
     @classmethod
     def from_pairs(cls, pairs) -> "Glossary":
-        """A glossary from (source, target) pairs or a dict; the same source with two targets is refused."""
+        """A glossary from (source, target) pairs or a dict; the same source with two targets, an entry that is not a
+        pair, and a path or text where terms were expected (read_glossary reads a file) are refused."""
+        if isinstance(pairs, (str, bytes, os.PathLike)):
+            raise GlossaryError(f"a glossary of terms was expected, got the {type(pairs).__name__} {pairs!r}: for a "
+                                f"TSV file pass read_glossary({os.fspath(pairs)!r}), else a dict of source -> target")
+        try:
+            entries = list(pairs.items() if isinstance(pairs, dict) else pairs)
+        except TypeError:
+            raise GlossaryError(f"a glossary is a dict of source -> target terms or (source, target) pairs, got "
+                                f"{type(pairs).__name__}") from None
         terms: dict[str, str] = {}
-        for number, (source, target) in enumerate(pairs.items() if isinstance(pairs, dict) else pairs, start=1):
+        for number, entry in enumerate(entries, start=1):
+            if isinstance(entry, (str, bytes)) or not hasattr(entry, "__len__") or len(entry) != 2:
+                raise GlossaryError(f"glossary entry {number} is {entry!r}, not a (source, target) pair")
+            source, target = entry
             if source in terms and terms[source] != target:
                 raise GlossaryError(f"glossary term {source!r} has two targets, {terms[source]!r} and {target!r} "
                                     f"(entry {number}): keep one")

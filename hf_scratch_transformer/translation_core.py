@@ -37,6 +37,7 @@ import contextlib
 import logging
 import math
 import numbers
+import re
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -49,7 +50,16 @@ from .errors import UsageError
 from .documents import Unit, model_text, source_language, split_document, split_long
 from .glossary import Glossary
 from .glossary import report as glossary_report
-from .protected_spans import DEFAULT_KINDS, ProtectedText, SpanProtector, hide, restore, sentinel, tokenizer_has_sentinels
+from .protected_spans import (
+    DEFAULT_KINDS,
+    ProtectError,
+    ProtectedText,
+    SpanProtector,
+    hide,
+    restore,
+    sentinel,
+    tokenizer_has_sentinels,
+)
 
 logger = logging.getLogger("hf_scratch_transformer")
 
@@ -440,6 +450,10 @@ class TextOptions:
     glossary: Glossary | None = None
 
     def __post_init__(self):
+        for name in ("protect_kinds", "protect_patterns"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes, re.Pattern)):  # not its characters, one by one
+                raise ProtectError(f"{name} must be a list, got the {type(value).__name__} {value!r}: pass [{value!r}]")
         object.__setattr__(self, "protect_kinds", tuple(self.protect_kinds))
         object.__setattr__(self, "protect_patterns", tuple(self.protect_patterns))
         if self.glossary is not None and not isinstance(self.glossary, Glossary):

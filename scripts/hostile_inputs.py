@@ -162,15 +162,18 @@ def tiny_flags(output_dir, **overrides) -> list[str]:
     return flags_to_argv(flags)
 
 
-def run_train(argv: list[str], env: dict | None = None) -> tuple[int, str]:
-    """train.py's main in this process: (exit status, what it printed on stderr)."""
+def run_train(argv: list[str], env: dict | None = None, stdout=None) -> tuple[int, str]:
+    """train.py's main in this process: (exit status, what it printed on stderr). `env` is added to the environment
+    for the run (a value None removes the variable); `stdout` replaces standard output (default: a buffer)."""
     from hf_scratch_transformer.training.run import main
 
     err = io.StringIO()
     saved_env = {key: os.environ.get(key) for key in (env or {})}
-    os.environ.update(env or {})
+    os.environ.update({key: value for key, value in (env or {}).items() if value is not None})
+    for key in [key for key, value in (env or {}).items() if value is None]:
+        os.environ.pop(key, None)
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(stdout or io.StringIO()):
             code = main(argv, REPO / "model_card.md")
     finally:
         for key, value in saved_env.items():
@@ -179,6 +182,30 @@ def run_train(argv: list[str], env: dict | None = None) -> tuple[int, str]:
             else:
                 os.environ[key] = value
     return code, err.getvalue()
+
+
+@contextlib.contextmanager
+def captured_logs(*names: str):
+    """A buffer of what the loggers `names` log (INFO and up) inside the block, whatever logging.disable and their
+    levels say (main() of this script disables the runs' log lines; both are restored after)."""
+    import logging
+
+    buffer, disabled = io.StringIO(), logging.root.manager.disable
+    handler = logging.StreamHandler(buffer)
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    logging.disable(logging.NOTSET)
+    for logger in loggers:
+        logger.addHandler(handler)
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
+    try:
+        yield buffer
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+        logging.disable(disabled)
 
 
 def run_cli(argv: list[str], stdin: bytes | None = None) -> tuple[int, str]:
@@ -499,7 +526,7 @@ def _binary_file(model: Path, ws) -> list:
 LOADING_CASES = [
     loading_case("config_of_another_model_type", _other_model_type, "'bart'", "config.json belongs to another model"),
     loading_case("missing_tokenizer_json", _no_tokenizer, "no tokenizer", "tokenizer.json"),
-    loading_case("tokenizer_with_smaller_vocabulary", _smaller_tokenizer, "tokens but the model 400 embeddings",
+    loading_case("tokenizer_with_smaller_vocabulary", _smaller_tokenizer, "tokens but the model", "embeddings",
                  "another model"),
     loading_case("binary_stdin", lambda model, ws: [], "standard input is not valid UTF-8", "byte 0",
                  stdin=b"\xff\xfe\x00binary"),
@@ -538,14 +565,18 @@ def _expect_result(call, expected) -> str:
 
 
 def _oov(ws: Workspace) -> str:
-    from hf_scratch_transformer.data.tokenization import train_bpe_tokenizer
+    """A tokenizer with more tokens than the model has embeddings (the model's own, one word added): refused."""
+    import copy
+
     from hf_scratch_transformer.translation.translate import translate
 
-    model = _pipeline(ws).model
-    bigger = train_bpe_tokenizer([text for pair in PAIRS for text in pair] * 3, vocab_size=800)
-    text = "In the beginning God created the heavens and the earth."
-    return _expect_value_error(lambda: translate(model, bigger, [text]), "outside the model's vocabulary",
-                               "0..399")
+    pipeline = _pipeline(ws)
+    bigger = copy.deepcopy(pipeline.tokenizer)
+    bigger.add_tokens(["Zorobabelito"])
+    vocab_size = pipeline.model.get_input_embeddings().num_embeddings
+    text = "In the beginning Zorobabelito created the heavens and the earth."
+    return _expect_value_error(lambda: translate(pipeline.model, bigger, [text]), "outside the model's vocabulary",
+                               f"0..{vocab_size - 1}")
 
 
 INFERENCE_CASES = [

@@ -403,3 +403,29 @@ def test_a_json_lines_corpus_of_ones_own_gives_paraphrases(tmp_path, corpus_toke
 
     with pytest.raises(CorpusError, match=r"line 4: `paraphrases` must be an object of lists of strings"):
         load_parallel_corpus(DataArguments(train_file=str(train), validation_file=str(train)))
+
+
+def test_reading_paraphrases_of_an_over_long_source_does_not_warn_about_indexing_errors(corpus_tokenizer):
+    """The shipped corpus has a source of 6,000 tokens (dropped as too long before the model): tokenising it for the
+    paraphrase table must not print transformers' "Token indices sequence length ... indexing errors"."""
+    import copy
+    import io
+    import logging
+
+    from hf_scratch_transformer.training.augmentation import source_paraphrases
+
+    tokenizer = copy.deepcopy(corpus_tokenizer)
+    tokenizer.model_max_length = 16
+    long_source = "In the beginning God created the heaven and the earth. " * 20
+    raw = Dataset.from_list([{"translation": {"en": long_source, "es": "x"},
+                              "paraphrases": {"en": ["In the start God made it all."], "es": []}}])
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    transformers_logger = logging.getLogger("transformers")
+    transformers_logger.addHandler(handler)
+    try:
+        table = source_paraphrases(raw, tokenizer, "en")
+    finally:
+        transformers_logger.removeHandler(handler)
+    assert len(tokenizer(long_source, verbose=False)["input_ids"]) > 16 and len(table) == 1
+    assert "Token indices sequence length" not in buffer.getvalue()

@@ -441,7 +441,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(case, tmp_path, capsys
                                       ["--protect_pattern", "'[0-9]*' matches the empty string"]),
             "unknown_kind": (["--protect_kinds", "printf,emoji", "-i", str(source)], ["--protect_kinds", "emoji"]),
             "binary_input": (["-i", str(tmp_path / "binary.txt")],
-                             [f"input file {tmp_path / 'binary.txt'} is not valid UTF-8", "at byte 15"]),
+                             [f"input file {tmp_path / 'binary.txt'} is binary, not text", "NUL byte at byte 12"]),
             "utf16_input": (["-i", str(tmp_path / "utf16.txt")],
                             [f"input file {tmp_path / 'utf16.txt'} is binary, not text: a NUL byte at byte 1",
                              "iconv -f utf-16"]),
@@ -482,3 +482,40 @@ def test_piped_paragraphs_and_binary_standard_input_in_a_real_process(trained_mo
     assert (status, out) == (2, b"")
     assert err == (b"hf-scratch-translate: error: standard input is binary, not text: a NUL byte at byte 12 (a "
                    b"binary file, or UTF-16 text); give UTF-8 text (`iconv -f utf-16 -t utf-8` converts UTF-16)\n")
+
+
+# ------------------------------------------------------------------------------------ input reading (issue 42)
+def test_a_utf8_byte_order_mark_is_not_translated_from_a_file_or_stdin(trained_model_dir, tmp_path, capsys,
+                                                                       monkeypatch):
+    data = "\ufeffJesus wept.\nJesus wept.\n".encode("utf-8")
+    path = tmp_path / "windows.txt"
+    path.write_bytes(data)
+    assert cli.main(["--model", str(trained_model_dir), "--input_file", str(path), "--no_progress"]) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    assert first == second
+    _stdin(monkeypatch, data)
+    assert cli.main(["--model", str(trained_model_dir), "--no_progress"]) == 0
+    assert capsys.readouterr().out.splitlines() == [first, second]
+
+
+def test_dev_zero_as_input_is_refused_at_its_first_byte_not_read_until_memory_runs_out(tmp_path):
+    """A real process with its address space bounded to 3 GiB: reading /dev/zero whole would end in MemoryError."""
+    import resource
+
+    def bounded():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for extra, stdin in ((["--input_file", "/dev/zero"], subprocess.DEVNULL), ([], open("/dev/zero", "rb"))):
+        with stdin if stdin is not subprocess.DEVNULL else contextlib.nullcontext():
+            done = subprocess.run([sys.executable, "-m", "hf_scratch_transformer.translation.cli", "--model",
+                                   str(tmp_path / "no-model"), *extra], stdin=stdin, capture_output=True, text=True,
+                                  env=env, preexec_fn=bounded, timeout=300)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-500:]
+        assert "is binary, not text: a NUL byte at byte 0" in done.stderr and done.stdout == ""
+
+
+def test_an_empty_model_name_is_one_line(capsys):
+    assert cli.main(["--model", "", "Jesus wept."]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "the model name is empty" in err and "save_pretrained" in err

@@ -240,3 +240,126 @@ def test_each_backend_has_its_own_thread_flag_and_the_other_is_refused_before_lo
         assert cli.main(["--model", "does-not-matter", *argv, "hi"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and words in err
+
+
+# ------------------------------------------------------------------- the limit: pins, affinity, cgroup CPU quota
+
+
+def _proc_tree(tmp_path, memberships: str, mounts: str, quotas: dict) -> "Path":
+    """A /proc/self of `memberships` (its `cgroup` file) and `mounts` (`mountinfo`, {root} standing for a cgroup
+    file system made under tmp_path), with the quota files `quotas` ({path under the mount: {file: text}})."""
+    from pathlib import Path
+
+    root = tmp_path / "sys" / "fs" / "cgroup"
+    for folder, files in quotas.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (root / folder / name).write_text(text)
+    proc = Path(tmp_path / "proc" / "self")
+    proc.mkdir(parents=True)
+    (proc / "cgroup").write_text(memberships)
+    (proc / "mountinfo").write_text(mounts.format(root=root))
+    return proc
+
+
+V2_MOUNT = "23 1 0:26 / /proc rw - proc proc rw\n41 31 0:38 / {root} rw,relatime - cgroup2 cgroup2 rw\n"
+V1_MOUNT = "32 31 0:29 / {root} rw,relatime - cgroup cgroup rw,cpu,cpuacct\n"
+
+
+def test_a_cgroup_v2_quota_of_one_and_a_half_cpus_limits_the_threads_to_one(tmp_path):
+    from hf_scratch_transformer.cpu_threads import cgroup_cpu_quota, thread_limit
+
+    proc = _proc_tree(tmp_path, "0::/user.slice/job\n", V2_MOUNT,
+                      {"": {"cpu.max": "max 100000\n"}, "user.slice": {"cpu.max": "max 100000\n"},
+                       "user.slice/job": {"cpu.max": "150000 100000\n"}})
+    assert cgroup_cpu_quota(proc)[0] == 1.5
+    limit = thread_limit({}, proc)
+    assert limit.threads == 1 and "cgroup's CPU quota of 1.5 CPU(s)" in limit.reason
+    assert "cpu.max: 150000 100000" in limit.reason
+
+
+def test_the_tightest_quota_of_the_cgroup_and_its_ancestors_counts_and_nothing_above_the_mount(tmp_path):
+    from hf_scratch_transformer.cpu_threads import cgroup_cpu_quota
+
+    proc = _proc_tree(tmp_path, "0::/outer/inner\n", V2_MOUNT,
+                      {"outer": {"cpu.max": "100000 100000\n"}, "outer/inner": {"cpu.max": "max 100000\n"}})
+    (tmp_path / "sys" / "fs" / "cpu.max").write_text("1000 100000\n")  # above the mount point: not read
+    assert cgroup_cpu_quota(proc)[0] == 1.0
+
+
+def test_a_cgroup_v1_cfs_quota_limits_the_threads(tmp_path):
+    from hf_scratch_transformer.cpu_threads import thread_limit
+
+    proc = _proc_tree(tmp_path, "5:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n", V1_MOUNT,
+                      {"docker/abc": {"cpu.cfs_quota_us": "100000\n", "cpu.cfs_period_us": "100000\n"},
+                       "docker": {"cpu.cfs_quota_us": "-1\n", "cpu.cfs_period_us": "100000\n"}})
+    limit = thread_limit({}, proc)
+    assert limit.threads == 1 and "cpu.cfs_quota_us 100000" in limit.reason
+
+
+def test_no_quota_and_no_cgroup_file_system_leave_the_cores(tmp_path):
+    from hf_scratch_transformer.cpu_threads import available_cores, cgroup_cpu_quota, thread_limit
+
+    unlimited = _proc_tree(tmp_path, "0::/job\n", V2_MOUNT, {"job": {"cpu.max": "max 100000\n"}})
+    assert cgroup_cpu_quota(unlimited) is None and cgroup_cpu_quota(tmp_path / "no-proc") is None
+    assert thread_limit({}, unlimited).threads == available_cores()
+
+
+@pytest.mark.parametrize("variable", ["OMP_NUM_THREADS", "MKL_NUM_THREADS"])
+def test_a_users_thread_pin_is_the_limit_and_named(variable, tmp_path):
+    from hf_scratch_transformer.cpu_threads import thread_limit
+
+    limit = thread_limit({variable: "1"}, tmp_path / "no-proc")
+    assert (limit.threads, limit.reason, limit.notes) == (1, f"{variable}=1", ())
+
+
+def test_a_launchers_omp_default_and_a_value_that_is_no_count_are_noted_not_taken(tmp_path):
+    from hf_scratch_transformer.cpu_threads import available_cores, thread_limit
+
+    launched = thread_limit({"OMP_NUM_THREADS": "1", "ACCELERATE_MIXED_PRECISION": "no"}, tmp_path / "no-proc")
+    assert launched.threads == available_cores() and "what accelerate launch sets" in launched.notes[0]
+    odd = thread_limit({"OMP_NUM_THREADS": "four"}, tmp_path / "no-proc")
+    assert odd.threads == available_cores() and "'four' is no whole number" in odd.notes[0]
+    assert thread_limit({"OMP_NUM_THREADS": "2", "TORCHELASTIC_RUN_ID": "x"}, tmp_path / "no-proc").threads == \
+        min(2, available_cores())
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to take one away")
+def test_an_affinity_mask_set_like_taskset_is_the_limit_in_a_real_process():
+    script = ("from hf_scratch_transformer.cpu_threads import thread_limit; import os; "
+              "limit = thread_limit({k: v for k, v in os.environ.items() if not k.endswith('_NUM_THREADS')}); "
+              "print(limit.threads, limit.reason, sep='|')")
+    core = min(os.sched_getaffinity(0))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO,
+                          preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    threads, reason = done.stdout.strip().split("|")
+    assert threads == "1" and "affinity mask" in reason
+
+
+def test_cpu_threads_above_the_limit_is_lowered_to_it_with_a_warning(caplog, monkeypatch):
+    from hf_scratch_transformer.cpu_threads import thread_limit, thread_tuner
+
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(variable, raising=False)
+    limit = thread_limit()
+    with caplog.at_level(logging.WARNING, logger="hf_scratch_transformer"):
+        tuner = thread_tuner(torch.device("cpu"), "training", fixed=999)
+    assert tuner.current == limit.threads
+    assert f"--cpu_threads 999 is more than this process may use ({limit.reason})" in caplog.text
+
+
+@pytest.mark.parametrize("name", ["training", "translation"])
+def test_omp_num_threads_bounds_the_tuner_of_training_and_translation_and_its_line_says_so(name, monkeypatch):
+    from hf_scratch_transformer.cpu_threads import thread_tuner
+
+    for variable in ("ACCELERATE_MIXED_PRECISION", "TORCHELASTIC_RUN_ID", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    threads = torch.get_num_threads()
+    try:
+        tuner = thread_tuner(torch.device("cpu"), name)
+        tuner.activate()
+        assert tuner.max_threads == 1 and torch.get_num_threads() == 1
+        assert "the most it may use, OMP_NUM_THREADS=1" in tuner.describe()
+    finally:
+        torch.set_num_threads(threads)

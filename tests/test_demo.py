@@ -356,3 +356,11 @@ def test_write_space_keeps_what_is_there(tmp_path):
     with pytest.raises(UsageError, match="already holds app.py"):
         demo.write_space(space, "someone/model")
     assert (space / "app.py").read_text() == "my own app\n" and sorted(os.listdir(space)) == ["app.py"]
+
+
+def test_a_host_that_does_not_resolve_is_refused_without_a_port_before_anything_is_loaded():
+    """Without --port the web server would retry the address on every port from 7860 and never exit."""
+    with pytest.raises(UsageError, match=r"--host a-name-that-does-not-resolve\.invalid is not an address"):
+        demo.check_port("a-name-that-does-not-resolve.invalid", None)
+    with pytest.raises(EnvironmentFault, match="cannot listen on 192.0.2.1 "):  # TEST-NET-1: not this machine's
+        demo.check_port("192.0.2.1", None)

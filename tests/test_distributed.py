@@ -395,3 +395,44 @@ def test_a_ddp_timeout_shorter_than_validation_stops_both_machines_with_its_advi
     assert ("training stopped: no answer from the other processes within --ddp_timeout 1 s, though all of them are "
             "still running: raise --ddp_timeout above the longest step the main process does alone (tokenizer "
             "training, preprocessing, validation, saving)") in messages, messages
+
+
+# ----------------------------------------------------------------- launches that would not do what they say (issue 42)
+def _refused_launch(tmp_path, command_head: list[str], env: dict, *parts, **flags) -> str:
+    """A real `train.py` process under `command_head` (a launcher, or plain python) with `env`: train.py's one
+    `error:` line names every part, the output directory is not created; exit status 2 without a launcher (accelerate
+    launch reports a failed child with its own traceback and status 1 after that line: docs/distributed.md)."""
+    output_dir = tmp_path / "never"
+    result = subprocess.run([*command_head, str(REPO / "train.py"), *quick_flags(output_dir, **flags)],
+                            capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                            env={**launch_env(), "HF_HOME": str(tmp_path / "hf-home"), **env})
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and all(part in lines[0] for part in parts), result.stderr[-3000:]
+    launched = command_head[0] != sys.executable or len(command_head) > 1
+    assert result.returncode == (1 if launched else 2), result.stderr[-3000:]
+    if not launched:
+        assert "Traceback" not in result.stderr and result.stderr.strip().splitlines()[-1] == lines[0]
+    last = lines[0]
+    assert not output_dir.exists()
+    return last
+
+
+ACCELERATE_LAUNCH = [sys.executable, "-m", "accelerate.commands.launch"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="accelerate picks multi-GPU on a machine with GPUs")
+def test_accelerate_launch_num_processes_2_without_gpus_is_refused_not_one_process_trained(tmp_path):
+    _refused_launch(tmp_path, [*ACCELERATE_LAUNCH, "--num_processes", "2", "--num_machines", "1",
+                               "--mixed_precision", "no", "--dynamo_backend", "no"], {},
+                    "--num_processes N", "starts only one process", "--multi_gpu")
+
+
+def test_accelerate_launch_mixed_precision_is_not_ignored_when_train_py_says_otherwise(tmp_path):
+    _refused_launch(tmp_path, [*ACCELERATE_LAUNCH, "--num_processes", "1", "--num_machines", "1",
+                               "--mixed_precision", "bf16", "--dynamo_backend", "no"], {},
+                    "--mixed_precision bf16", "--bf16 false", "contradict", bf16=False)
+
+
+def test_world_size_left_in_the_environment_without_a_launcher_is_one_line(tmp_path):
+    _refused_launch(tmp_path, [sys.executable], {"WORLD_SIZE": "2"}, "WORLD_SIZE=2", "no launcher",
+                    "unset WORLD_SIZE")

@@ -191,3 +191,16 @@ def test_pieces_always_fit_and_join_back(tiny_tokenizer, text):
     pieces = split_long(text.strip() or "a", tiny_tokenizer, 10)
     assert "".join(p.text + p.separator for p in pieces) == (text.strip() or "a")
     assert all(token_count(tiny_tokenizer, p.text) <= 10 for p in pieces)
+
+
+def test_a_long_run_of_white_space_is_split_in_linear_time():
+    """A line of 300,000 spaces: the blank-line and clause patterns start a match only where a run of white space
+    starts; tried at every position inside it (the old patterns), each attempt rescans the rest: hours. A child
+    process with a time limit, so that a regression fails instead of hanging."""
+    script = textwrap.dedent("""
+        from hf_scratch_transformer.documents import _BLANK_LINES, _CLAUSE_END
+        text = "Jesus wept." + " " * 300_000 + "x"
+        assert _CLAUSE_END.search(text) is None and _BLANK_LINES.search(text) is None
+        assert _CLAUSE_END.search("wept" + " " * 50_000 + "- and") and _BLANK_LINES.search("a" + " " * 50_000 + "\\n\\nb")
+    """)
+    subprocess.run([sys.executable, "-c", script], cwd=REPO, check=True, timeout=60)

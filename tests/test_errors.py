@@ -94,3 +94,31 @@ def test_a_write_error_is_the_environment_s_for_a_full_disk_and_the_user_s_for_a
     assert str(refused).endswith("Read-only file system; choose another path")
     broken = write_error(OSError(errno.EIO, "Input/output error"), "standard output", None)
     assert isinstance(broken, EnvironmentFault) and str(broken) == "cannot write standard output: Input/output error"
+
+
+# ------------------------------------------------------------------------ a command's closing print (issue 42)
+PRINT_RESULTS = ("import sys; from hf_scratch_transformer.errors import print_results, EnvironmentFault\n"
+                 "try:\n    print_results('{\"bleu\": 1}\\n' * 20000, 'runs/x/all_results.json')\n"
+                 "except EnvironmentFault as error:\n    print(error, file=sys.stderr); sys.exit(1)\n")
+
+
+def test_results_printed_into_a_closed_pipe_end_quietly():
+    import os
+    import subprocess
+    import sys
+
+    reader, writer = os.pipe()
+    os.close(reader)  # `| head -1` that has gone
+    done = subprocess.run([sys.executable, "-c", PRINT_RESULTS], stdout=writer, stderr=subprocess.PIPE, text=True)
+    os.close(writer)
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_results_printed_into_a_full_device_are_one_line_saying_where_they_are_saved():
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-c", PRINT_RESULTS], stdout=full, stderr=subprocess.PIPE, text=True)
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1
+    assert "standard output" in done.stderr and "saved in runs/x/all_results.json all the same" in done.stderr

@@ -83,3 +83,26 @@ def test_a_term_inside_a_protected_span_is_reported_not_honoured(trained_model):
         ("God", True), ("God", False), ("light", False)]
     assert "http://God.org/light" in translation.text
     assert translation.glossary[1]["how"] == "inside another protected span"
+
+
+def test_a_path_or_entries_that_are_not_pairs_are_refused_naming_what_to_pass():
+    from pathlib import Path
+
+    with pytest.raises(GlossaryError, match=r"for a TSV file pass read_glossary\('terms.tsv'\)"):
+        Glossary.from_pairs("terms.tsv")
+    with pytest.raises(GlossaryError, match=r"for a TSV file pass read_glossary"):
+        Glossary.from_pairs(Path("terms.tsv"))
+    with pytest.raises(GlossaryError, match=r"glossary entry 2 is \('God', 'Dios', 'x'\), not a \(source, target\)"):
+        Glossary.from_pairs([("Jesus", "Jesús"), ("God", "Dios", "x")])
+    with pytest.raises(GlossaryError, match="glossary entry 1 is 'Go'"):
+        Glossary.from_pairs(["Go"])  # a two-character string would otherwise unpack as a pair
+    with pytest.raises(GlossaryError, match="got int"):
+        Glossary.from_pairs(3)
+
+
+def test_protect_patterns_given_as_one_string_are_refused_not_taken_character_by_character():
+    from hf_scratch_transformer.protected_spans import ProtectError
+
+    with pytest.raises(ProtectError, match=r"protect_patterns must be a list, got the str 'ACME-\[0-9\]\+'"):
+        TextOptions(protect_patterns="ACME-[0-9]+")
+    assert TextOptions(protect_patterns=["ACME-[0-9]+"]).protect_patterns == ("ACME-[0-9]+",)

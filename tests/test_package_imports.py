@@ -145,3 +145,18 @@ def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path):
     assert import_cycles(package) == ["pkg.export.ct2", "pkg.translation.cli"]
     (package / "export" / "ct2.py").write_text("def fail():\n    from ..errors import describe\n")
     assert import_cycles(package) == []
+
+
+def test_the_package_imports_from_a_deleted_working_directory_and_stays_there(tmp_path):
+    """torch's MKL cannot load from a deleted working directory (a fatal error) unless the import runs elsewhere;
+    afterwards the process is back in its (deleted) directory."""
+    import shlex
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = ("import os, hf_scratch_transformer; "
+              "print(os.readlink('/proc/self/cwd').endswith('(deleted)'))")
+    done = subprocess.run(["sh", "-c", f"cd {shlex.quote(str(gone))} && rmdir {shlex.quote(str(gone))} && exec "
+                           f"{shlex.quote(sys.executable)} -c {shlex.quote(script)}"],
+                          capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr[-2000:]

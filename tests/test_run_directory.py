@@ -301,3 +301,42 @@ def test_a_second_concurrent_run_is_refused_and_the_first_one_goes_on(tmp_path):
     saved = stop.split(" in ")[-1].split(";")[0]
     assert list_checkpoints(tmp_path)[-1] == Path(saved)
     assert not (tmp_path / LOCK_FILE).exists()
+
+
+# ------------------------------------------------------------------------------------- issue 42: another run, umask
+
+
+def test_a_checkpoint_of_another_run_is_not_continued_into_a_finished_run(finished_run, tmp_path, capsys):
+    """--resume_from_checkpoint A/checkpoint-4 --output_dir B, B a finished run: refused, B unchanged; with
+    --overwrite_output_dir the same command is allowed (checked up to the refusal, not trained here)."""
+    other = tmp_path / "B"
+    shutil.copytree(finished_run, other)
+    before = digests(other)
+    line = fails_with(tiny_run_flags(other, max_steps=6, resume_from_checkpoint=str(finished_run / "checkpoint-4")),
+                      capsys)
+    assert "continues a run of another directory" in line and "a finished run (model.safetensors" in line
+    assert "--overwrite_output_dir" in line and digests(other) == before
+
+
+def test_files_get_the_mode_the_umask_gives_although_safetensors_writes_0600(tmp_path):
+    from hf_scratch_transformer.training.run_directory import follow_umask
+
+    previous = os.umask(0o022)
+    try:
+        save_file({"w": torch.zeros(2)}, tmp_path / "model.safetensors")
+        (tmp_path / "config.json").write_text("{}")
+        assert (tmp_path / "model.safetensors").stat().st_mode & 0o777 == 0o600  # what the library writes
+        follow_umask(tmp_path)
+    finally:
+        os.umask(previous)
+    assert {path.name: path.stat().st_mode & 0o777 for path in tmp_path.iterdir()} == \
+        {"model.safetensors": 0o644, "config.json": 0o644}
+
+
+def test_a_finished_run_and_its_checkpoints_are_readable_by_others_under_umask_022(finished_run):
+    """finished_run was trained under the test process's umask (022 here): every file has the same mode."""
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {str(path.relative_to(finished_run)): path.stat().st_mode & 0o777 for path in finished_run.rglob("*")
+             if path.is_file() and not path.name.startswith(".")}
+    assert set(modes.values()) == {0o666 & ~umask}, modes

@@ -94,7 +94,8 @@ def _break(case, model_dir):
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         tokenizer.add_tokens([f"extra{i}" for i in range(50)])
         tokenizer.save_pretrained(model_dir)
-        return "tokens but the model only 600 embeddings: ids from 600 on are outside the model's vocabulary"
+        size = json.loads((model_dir / "config.json").read_text())["vocab_size"]  # 600 and the sentinel tokens
+        return f"tokens but the model only {size} embeddings: ids from {size} on are outside the model's vocabulary"
     raise AssertionError(case)
 
 

@@ -164,7 +164,9 @@ def source_paraphrases(raw_train, tokenizer, source_lang: str) -> dict[str, list
         if found and isinstance(source, str) and source.strip():
             sources.append(source)
             alternatives.append(found)
-    decoded = tokenizer.batch_decode(tokenizer(sources)["input_ids"], skip_special_tokens=True) if sources else []
+    # verbose=False: no "Token indices sequence length is longer than ..." warning; these ids are only decoded
+    decoded = (tokenizer.batch_decode(tokenizer(sources, verbose=False)["input_ids"], skip_special_tokens=True)
+               if sources else [])
     paraphrases: dict[str, list[str]] = {}
     for key, found in zip(decoded, alternatives):
         paraphrases.setdefault(key, []).extend(text for text in found if text not in paraphrases.get(key, []))
@@ -335,8 +337,8 @@ class NoiseCollator:
             return [self.dropout.encode(text, random.Random(f"{self.seed}:{self.epoch}:{key}:{text}"))
                     for text in texts]
         changed = [i for i, (text, before) in enumerate(zip(texts, plain)) if text != before]
-        if changed:  # only the sentences the noise changed need encoding again
-            for i, ids in zip(changed, self.tokenizer([texts[i] for i in changed])["input_ids"]):
+        if changed:  # only the sentences the noise changed need encoding again (cut to the maxima in __call__)
+            for i, ids in zip(changed, self.tokenizer([texts[i] for i in changed], verbose=False)["input_ids"]):
                 all_ids[i] = ids
         return all_ids
 

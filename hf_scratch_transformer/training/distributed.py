@@ -49,25 +49,74 @@ def launched_rank() -> int:
 
 
 def launched_world_size() -> int:
-    """How many processes the launcher started; refuses launches that would not give them (or FSDP on CPU).
+    """How many processes the launcher started (1 without a launcher); `check_launch` has refused launches that
+    would not give them."""
+    return next((int(os.environ[name]) for name in WORLD_SIZE_VARIABLES if os.environ.get(name)), 1)
+
+
+LAUNCHER_PRECISIONS = ("bf16", "fp16")  # `accelerate launch --mixed_precision` values train.py applies ("no": none)
+
+
+def launcher_precision() -> str | None:
+    """The mixed precision `accelerate launch --mixed_precision` (or a config file's `mixed_precision`) asked for:
+    "bf16", "fp16", or None for "no", which is also what accelerate launch passes when given nothing."""
+    value = os.environ.get("ACCELERATE_MIXED_PRECISION", "").strip().lower()
+    return value if value in LAUNCHER_PRECISIONS else None
+
+
+def check_launch(args) -> None:
+    """Before any work: refuse a launch that would not start the processes it names, a process count left in the
+    environment without a launcher, FSDP, and a launcher's precision that contradicts --bf16 / --fp16.
 
     accelerate 1.15 starts several processes through torchrun (`--multi_gpu`, or `distributed_type: MULTI_GPU`),
-    which also works without GPUs (gloo). `--cpu --num_processes N` and `distributed_type: MULTI_CPU` go to its
-    "simple" launcher instead, which starts ONE process and expects mpirun to start the others.
-    """
-    world_size = next((int(os.environ[name]) for name in WORLD_SIZE_VARIABLES if os.environ.get(name)), 1)
+    which also works without GPUs (gloo). Without --multi_gpu on a machine without GPUs, `--num_processes N` (and
+    `--cpu --num_processes N`, `distributed_type: MULTI_CPU`) goes to its "simple" launcher instead, which starts ONE
+    process (it sets MASTER_ADDR/MASTER_PORT, never LOCAL_RANK) and expects mpirun to start the others."""
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
         raise UsageError(
             "FSDP is not supported by train.py: validation, test decoding and saving run on the main process and "
             "need the whole model, which FSDP shards; use DDP instead (configs/accelerate/multi_gpu.yaml on GPUs, "
             "configs/accelerate/cpu_2proc.yaml on CPUs)")
-    cpu_launch = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
-    if world_size == 1 and cpu_launch and os.environ.get("MASTER_PORT") and "LOCAL_RANK" not in os.environ:
+    world_size = launched_world_size()
+    simple_launcher = "ACCELERATE_USE_CPU" in os.environ and "LOCAL_RANK" not in os.environ
+    if world_size == 1 and simple_launcher and os.environ.get("MASTER_PORT"):
         raise UsageError(
-            "`accelerate launch --cpu --num_processes N` (and distributed_type: MULTI_CPU) starts only one process "
-            "in accelerate 1.15 unless mpirun starts the others: use `accelerate launch --multi_gpu --num_processes "
-            "N --num_machines 1 train.py ...` (gloo on CPUs) or --config_file configs/accelerate/cpu_2proc.yaml")
-    return world_size
+            "`accelerate launch --num_processes N` without --multi_gpu on a machine without GPUs (and `--cpu "
+            "--num_processes N`, distributed_type: MULTI_CPU) starts only one process in accelerate 1.15 unless "
+            "mpirun starts the others: use `accelerate launch --multi_gpu --num_processes N --num_machines 1 "
+            "train.py ...` (gloo on CPUs) or --config_file configs/accelerate/cpu_2proc.yaml")
+    if world_size > 1:
+        _check_launched_by_a_launcher(world_size)
+    _check_launcher_precision(args)
+
+
+def _check_launched_by_a_launcher(world_size: int) -> None:
+    """A process count > 1 comes with what a launcher sets beside it: this process's rank and the address of
+    rank 0 (MASTER_ADDR). Without them it is a variable left in the environment, and joining would fail or wait."""
+    variable = next(name for name in WORLD_SIZE_VARIABLES if os.environ.get(name))
+    missing = [name for name in ("MASTER_ADDR",) if not os.environ.get(name)]
+    if not any(os.environ.get(name) for name in RANK_VARIABLES):
+        missing.insert(0, RANK_VARIABLES[WORLD_SIZE_VARIABLES.index(variable)])
+    if missing:
+        raise UsageError(
+            f"{variable}={world_size} is set in the environment, but no launcher started this process "
+            f"({' and '.join(missing)} not set): unset {variable} to train in one process, or start {world_size} "
+            f"with `accelerate launch --multi_gpu --num_processes {world_size} --num_machines 1 train.py ...`")
+
+
+def _check_launcher_precision(args) -> None:
+    """`accelerate launch --mixed_precision X` applies when train.py is given no --bf16 / --fp16 (recipe.py); a flag
+    that says otherwise, or a precision train.py does not train in, is refused."""
+    value = os.environ.get("ACCELERATE_MIXED_PRECISION", "").strip().lower()
+    if value in ("", "no"):
+        return
+    if value not in LAUNCHER_PRECISIONS:
+        raise UsageError(f"accelerate launch --mixed_precision {value} (ACCELERATE_MIXED_PRECISION) is not a precision "
+                         f"train.py trains in: launch with --mixed_precision bf16, fp16 or no")
+    flag = "--bf16" if args.bf16 else "--fp16" if args.fp16 else "--bf16 false" if args.bf16 is False else None
+    if flag is not None and flag != f"--{value}":
+        raise UsageError(f"accelerate launch --mixed_precision {value} and train.py's {flag} contradict each other: "
+                         f"give the precision once (train.py's --bf16 / --fp16, or the launcher's --mixed_precision)")
 
 
 def join_processes(timeout_seconds: int) -> PartialState:

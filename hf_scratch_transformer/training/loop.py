@@ -475,8 +475,8 @@ class TrainingLoop:
             **training_throughput(state, self.matmul_peak),
             "train_padding_fraction": self.batches.padding_fraction(),
             "train_precision": self.recipe.precision,
-            **({"train_cpu_threads": self.threads.current, "train_cpu_thread_changes": self.threads.changes}
-               if self.threads is not None else {}),
+            **({"train_cpu_threads": self.threads.current, "train_cpu_thread_changes": self.threads.changes,
+                "train_cpu_thread_limit": self.threads.limit.describe()} if self.threads is not None else {}),
             "stop_reason": state.stop_reason,
             "stop_detail": self.stopping.detail() if state.stop_reason else None,
             **({"best_step": state.best_step, "best_metric": state.best_metric,

@@ -25,6 +25,7 @@ from .run_directory import (
     ALL_RESULTS_FILE,
     HUB_IGNORE,
     PREDICTIONS_FILE,
+    follow_umask,
     remove_quietly,
     results_file,
     staging_folder,
@@ -93,6 +94,7 @@ def save_model(output_dir: Path, model, tokenizer, files: dict[str, str], histor
             (staging / name).write_text(text, encoding="utf-8")
         (staging / "training_history.json").write_text(json.dumps(history, indent=1))
         plot_training_curves(history, staging / "training_curves.png")
+        follow_umask(staging)
         _move_in(staging, output_dir)
     remove_quietly(tokenizer_staging(output_dir))
 

@@ -228,12 +228,14 @@ def bf16_pays_on(device: torch.device) -> bool:
     return device.type == "cpu" and cpu_bf16_units() is not None
 
 
-def resolve_recipe(model_args, data_args, args, device: torch.device) -> Recipe:
+def resolve_recipe(model_args, data_args, args, device: torch.device,
+                   launcher_precision: str | None = None) -> Recipe:
     """The recipe of a run with these flags (ModelArguments, DataArguments, RunArguments) on `device`; the flags are
-    not changed."""
+    not changed. `launcher_precision` is what `accelerate launch --mixed_precision` asked for ("bf16", "fp16" or
+    None: distributed.launcher_precision), which stands for --bf16 / --fp16 when neither is given."""
     loaded = model_args.model_name_or_path is not None
     width = None if loaded else model_args.d_model or PRESETS[model_args.preset_name()]["d_model"]
-    precision, note = _precision(args, device, width)
+    precision, note = _precision(args, device, width, launcher_precision)
     budget = BF16_CPU_STEP_BUDGET if precision == "bf16" and bf16_pays_on(device) else DEFAULT_STEP_BUDGET
     settings = {} if loaded else {name: value for name, value in NEW_MODEL_SETTINGS.items()
                                   if getattr(model_args, name) is None}
@@ -241,14 +243,18 @@ def resolve_recipe(model_args, data_args, args, device: torch.device) -> Recipe:
                   data_args.mask_protected_spans)
 
 
-def _precision(args, device: torch.device, new_model_width: int | None) -> tuple[str, str]:
-    """(precision, why): --bf16 / --fp16 when given; else bf16 for training a new model at least BF16_CPU_MIN_WIDTH
-    wide where bf16_pays_on(device), fp32 otherwise (evaluation decodes in fp32 anyway)."""
+def _precision(args, device: torch.device, new_model_width: int | None,
+               launcher: str | None = None) -> tuple[str, str]:
+    """(precision, why): --bf16 / --fp16 when given, else the launcher's --mixed_precision (`launcher`; a
+    contradiction was refused by distributed.check_launch); else bf16 for training a new model at least
+    BF16_CPU_MIN_WIDTH wide where bf16_pays_on(device), fp32 otherwise (evaluation decodes in fp32 anyway)."""
     if args.bf16 or args.fp16:
         name = "bf16" if args.bf16 else "fp16"
         return name, f"{name} mixed precision (--{name})"
     if args.bf16 is False:
         return "fp32", "fp32 (--bf16 false)"
+    if launcher is not None:
+        return launcher, f"{launcher} mixed precision (accelerate launch --mixed_precision {launcher})"
     units = cpu_bf16_units() if device.type == "cpu" else None
     if not args.do_train:
         return "fp32", "fp32 (nothing to train)"

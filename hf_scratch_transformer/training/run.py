@@ -43,22 +43,33 @@ from ..data.loading import CorpusError, DataArguments, load_parallel_corpus
 from ..data.batching import TrainingBatches
 from ..data.preprocessing import TrainingData, evaluation_pairs, make_collator, preprocess_corpus
 from .distributed import (
+    check_launch,
     is_lost_process_error,
     join_processes,
     launched_rank,
+    launcher_precision,
     lost_process_fault,
     report_to_launcher,
     start_accelerator,
     stop_watching,
     trackers,
 )
-from ..errors import RunInterrupted, ScratchTransformerError, TrainingFault, UsageError, exit_code
+from ..errors import (
+    EnvironmentFault,
+    RunInterrupted,
+    ScratchTransformerError,
+    TrainingFault,
+    UsageError,
+    exit_code,
+    print_results,
+)
 from .evaluation import Evaluator
 from .loop import TrainingLoop, active_callbacks
 from .model_directory import hardware_description, model_card, push_to_hub, result_files, save_model, save_results
 from ..modeling_scratch_transformer import ScratchTransformerForConditionalGeneration
 from .recipe import Recipe, resolve_recipe
 from .run_directory import (
+    ALL_RESULTS_FILE,
     OutputDirLock,
     claim_output_dir,
     remove_checkpoints,
@@ -148,9 +159,11 @@ def _start(model_args: ModelArguments, data_args: DataArguments, args: RunArgume
     """Checks before any work, the output directory claimed (locked by the main process), the recipe resolved for
     the device of this process (printed once when training), then Accelerate: (accelerator, recipe)."""
     check_values(model_args, data_args, args)
+    check_launch(args)
     _quiet_libraries(args.verbose)
     claim_output_dir(args, lock if launched_rank() == 0 else None)  # the main process, before Accelerate
-    recipe = resolve_recipe(model_args, data_args, args, join_processes(args.ddp_timeout).device)
+    recipe = resolve_recipe(model_args, data_args, args, join_processes(args.ddp_timeout).device,
+                            launcher_precision())
     accelerator = start_accelerator(args, Path(args.output_dir), recipe.precision,
                                     partial(staging_folder, what="the shared-directory check"))
     if args.do_train and accelerator.is_main_process:
@@ -161,17 +174,19 @@ def _start(model_args: ModelArguments, data_args: DataArguments, args: RunArgume
 def _prepare_output_dir(data_args: DataArguments, args: RunArguments, recipe: Recipe, output_dir: Path,
                         accelerator) -> Path | None:
     """The checkpoint to resume from (checked against this run, newer ones set aside on request), or None; a
-    training run with --overwrite_output_dir removes the earlier run's checkpoints."""
+    training run with --overwrite_output_dir removes the earlier run's checkpoints (also when it continues a
+    checkpoint of another directory, which check_output_flags allows), once the resume is checked."""
+    checkpoint = None
     if args.resume_from_checkpoint:
         checkpoint = resolve_checkpoint(args.resume_from_checkpoint, output_dir)
         check_resume(checkpoint, args, data_args, recipe, accelerator.num_processes)
+    if args.overwrite_output_dir and args.do_train and accelerator.is_main_process:
+        remove_checkpoints(output_dir)
+    if checkpoint is not None:
         set_newer_checkpoints_aside(checkpoint, output_dir, args.overwrite_newer_checkpoints,
                                     accelerator.is_main_process)
         accelerator.wait_for_everyone()
-        return checkpoint
-    if args.overwrite_output_dir and args.do_train and accelerator.is_main_process:
-        remove_checkpoints(output_dir)
-    return None
+    return checkpoint
 
 
 def _load_pretrained(model_args: ModelArguments, data_args: DataArguments):
@@ -390,7 +405,11 @@ def main(argv: list[str] | None = None, model_card_template: str | Path | None =
             signal.signal(signal.SIGTERM, previous_sigterm)
         restore_thread_excepthook()  # a run that failed before its trackers ended
     if launched_rank() == 0:  # the other processes print errors only
-        print(json.dumps({key: value for key, value in results.items() if key != "filtered"}, indent=1))
+        try:
+            print_results(json.dumps({key: value for key, value in results.items() if key != "filtered"}, indent=1),
+                          Path(args.output_dir) / ALL_RESULTS_FILE)
+        except EnvironmentFault as error:
+            return _fail(error, debug)
     return 0
 
 

@@ -280,9 +280,17 @@ def check_output_flags(args) -> None:
     output_dir = Path(args.output_dir)
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):  # os.path: no OSError for a name too long
         raise UsageError(f"--output_dir {output_dir} is a file, not a directory")
-    if args.overwrite_output_dir and args.resume_from_checkpoint:
+    if args.overwrite_output_dir and args.resume_from_checkpoint and not resumes_another_run(args):
         raise UsageError(f"--overwrite_output_dir starts {output_dir} over (its checkpoints are removed) and "
                          f"--resume_from_checkpoint {args.resume_from_checkpoint} continues one of them: give only one")
+
+
+def resumes_another_run(args) -> bool:
+    """--resume_from_checkpoint names a checkpoint outside --output_dir (the run goes on in another directory)."""
+    if not args.resume_from_checkpoint or args.resume_from_checkpoint == "latest":
+        return False
+    checkpoint, output_dir = Path(args.resume_from_checkpoint).resolve(), Path(args.output_dir).resolve()
+    return output_dir not in checkpoint.parents
 
 
 def check_output_dir(args) -> None:
@@ -294,6 +302,13 @@ def check_output_dir(args) -> None:
     if args.do_train:
         # Staging folders left by a run that stopped during setup hold nothing to lose; the lock is this run's.
         kept = [path for path in output_dir.iterdir() if not is_hidden_staging(path) and path.name != LOCK_FILE]
+        if kept and resumes_another_run(args):
+            # its model would be replaced and its checkpoints rotated away by the run continued into it
+            raise UsageError(
+                f"--resume_from_checkpoint {args.resume_from_checkpoint} continues a run of another directory into "
+                f"{output_dir}, which holds {_what_it_holds(kept)}: give an empty or new --output_dir, "
+                f"--resume_from_checkpoint latest to continue the run of {output_dir} itself, or add "
+                f"--overwrite_output_dir to replace it")
         if kept and not args.resume_from_checkpoint:
             raise UsageError(
                 f"output directory {output_dir} exists and is not empty: pass --overwrite_output_dir to replace it, "
@@ -306,6 +321,16 @@ def check_output_dir(args) -> None:
     if replaced:
         raise UsageError(f"output directory {output_dir} already holds {', '.join(replaced)}, which this evaluation "
                          f"would replace: give another --output_dir, or add --overwrite_output_dir to replace them")
+
+
+def _what_it_holds(paths: list[Path]) -> str:
+    """"a finished run (model.safetensors, 2 checkpoints)", "3 checkpoints", "4 files": what a refusal protects."""
+    checkpoints = [path for path in paths if CHECKPOINT_PATTERN.match(path.name)]
+    if any(path.name == "model.safetensors" for path in paths):
+        return f"a finished run (model.safetensors{f', {len(checkpoints)} checkpoint(s)' if checkpoints else ''})"
+    if checkpoints:
+        return f"the checkpoints of another run ({', '.join(sorted(path.name for path in checkpoints))})"
+    return f"{len(paths)} file(s) of its own ({', '.join(sorted(path.name for path in paths)[:3])}...)"
 
 
 # ---------------------------------------------------------------------------------------- hidden staging folders
@@ -332,6 +357,22 @@ def staging_folder(output_dir: Path, what: str, **fault):
                 yield staging
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def follow_umask(folder: Path) -> None:
+    """Give every file under `folder` the permissions a new file gets under the process's umask (0644 under umask
+    022), as open() gives them: safetensors 0.8 writes its files through a temporary file of mode 0600, so the weights
+    would be the one file of a model directory that a server account or a container user cannot read. The mode is
+    read from a file created here (reading the umask itself means changing it)."""
+    probe = folder / f".umask-probe-{os.getpid()}"
+    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        mode = probe.stat().st_mode & 0o777
+    finally:
+        probe.unlink()
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o777 != mode:
+            path.chmod(mode)
 
 
 # ------------------------------------------------------------------------------------------ finding checkpoints
@@ -474,8 +515,10 @@ def _on_every_process(accelerator, action, partial: Path, fault: dict) -> None:
 
 
 def _complete(partial: Path, final: Path, state) -> None:
-    """The run state, then the completion marker (last), then the rename to `final`."""
+    """The run state, then the completion marker (last), then the rename to `final`; every file with the umask's
+    permissions."""
     (partial / RUN_STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
+    follow_umask(partial)
     files = {str(path.relative_to(partial)): path.stat().st_size
              for path in sorted(partial.rglob("*")) if path.is_file()}
     (partial / CHECKPOINT_COMPLETE).write_text(json.dumps({"step": state.global_step, "files": files}, indent=1))

@@ -25,6 +25,7 @@ output early (`| head -1`) ends the command quietly with status 0.
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import json
 import os
@@ -157,37 +158,59 @@ def _add_text_arguments(parser: argparse.ArgumentParser) -> None:
 def _read_file(path: str) -> str:
     try:
         with open(path, "rb") as handle:
-            data = handle.read()
+            return _text(handle, f"input file {path}", FILE_NOT_UTF8, path)
     except FileNotFoundError:
         raise UsageError(f"input file not found: {path}") from None
     except IsADirectoryError:
         raise UsageError(f"input file is a directory: {path}") from None
     except OSError as error:
         raise UsageError(f"cannot read input file {path}: {error.strerror or error}") from None
+
+
+FILE_NOT_UTF8 = "input file is not valid UTF-8: {path} ({reason})"
+STDIN_NOT_UTF8 = "standard input is not valid UTF-8 ({reason}): convert it, e.g. `iconv -f latin1 -t utf-8`"
+READ_CHUNK = 1 << 20  # bytes read at a time: a NUL byte is found within the first megabyte of an endless stream
+
+
+def _text(handle, what: str, not_utf8: str, path: str = "") -> str:
+    """All of a binary `handle` as UTF-8 text, read a chunk at a time. A UTF-8 byte-order mark at the start (what
+    Windows editors write) is not text and is dropped; a NUL byte is no text either and ends the reading at once
+    with one line (binary data, UTF-16, or an endless device such as /dev/zero, which would be read until memory
+    ran out); invalid UTF-8 is refused with `not_utf8` (its {reason} names the byte), whichever comes first."""
+    chunks, size = [], 0
+    while chunk := handle.read(READ_CHUNK):
+        nul = chunk.find(b"\0")
+        chunks.append(chunk if nul < 0 else chunk[:nul])
+        if nul >= 0:
+            _decode(b"".join(chunks), not_utf8, path)  # invalid UTF-8 before the NUL byte is named first
+            raise UsageError(f"{what} is binary, not text: {_nul_byte(size + nul)}")
+        size += len(chunk)
+    return _decode(b"".join(chunks), not_utf8, path)
+
+
+def _decode(data: bytes, not_utf8: str, path: str = "") -> str:
+    mark = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     try:
-        text = data.decode("utf-8")
+        return data[mark:].decode("utf-8")
     except UnicodeDecodeError as error:
-        raise UsageError(f"input file is not valid UTF-8: {path} ({error.reason} at byte {error.start})") from None
-    if "\0" in text:
-        raise UsageError(f"input file {path} is binary, not text: {_nul_bytes(data)}")
-    return text
+        reason = f"{error.reason} at byte {mark + error.start}"
+        raise UsageError(not_utf8.format(reason=reason, path=path)) from None
 
 
-def _nul_bytes(data: bytes) -> str:
+def _nul_byte(where: int) -> str:
     """Where a text's first NUL byte is, and what to do about it."""
-    where = data.find(bytes(1))
     return (f"a NUL byte at byte {where} (a binary file, or UTF-16 text); give UTF-8 text (`iconv -f utf-16 -t "
             f"utf-8` converts UTF-16)")
 
 
 def _decode_stdin(data: bytes) -> str:
+    """One line typed on an interactive standard input, as UTF-8."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise UsageError(f"standard input is not valid UTF-8 ({error.reason} at byte {error.start}): convert it, "
-                         f"e.g. `iconv -f latin1 -t utf-8`") from None
+        raise UsageError(STDIN_NOT_UTF8.format(reason=f"{error.reason} at byte {error.start}")) from None
     if "\0" in text:
-        raise UsageError(f"standard input is binary, not text: {_nul_bytes(data)}")
+        raise UsageError(f"standard input is binary, not text: {_nul_byte(data.find(bytes(1)))}")
     return text
 
 
@@ -196,7 +219,7 @@ def _read_stdin() -> str:
     if sys.stdin is None:
         return ""
     stream = getattr(sys.stdin, "buffer", None)
-    return sys.stdin.read() if stream is None else _decode_stdin(stream.read())
+    return sys.stdin.read() if stream is None else _text(stream, "standard input", STDIN_NOT_UTF8)
 
 
 def _stdin_lines():

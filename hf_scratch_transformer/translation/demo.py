@@ -568,19 +568,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_port(host: str, port: int | None) -> None:
-    """Refuse, before the model is loaded, a port out of range (UsageError) or one that cannot be listened on
-    (EnvironmentFault: in use, or an address this machine does not have)."""
-    if port is None:
-        return
-    if not 1 <= port <= 65535:
+    """Refuse, before the model is loaded, a port out of range or a --host that names no address (UsageError), and
+    an address this process cannot listen on (EnvironmentFault: a port in use, an address that is not this
+    machine's). Without --port the address alone is tried (port 0): the web server would otherwise retry it on
+    every port from 7860, one error line each, and never exit."""
+    if port is not None and not 1 <= port <= 65535:
         raise UsageError(f"--port must be between 1 and 65535, got {port}")
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        family = socket.getaddrinfo(host, port or 0, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as error:
+        raise UsageError(f"--host {host} is not an address ({error.strerror}): give an address of this machine, "
+                         f"127.0.0.1 (this machine only) or 0.0.0.0 (every network interface)") from None
+    where = f"{host}:{port}" if port is not None else host
+    try:
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the web server does
-            probe.bind((host, port))
+            probe.bind((host, port or 0))
     except OSError as error:
-        raise EnvironmentFault(f"cannot listen on {host}:{port} ({error.strerror or error}): the port is in use "
+        raise EnvironmentFault(f"cannot listen on {where} ({error.strerror or error}): the port is in use "
                                f"or the address is not this machine's; choose another --port or --host") from None
 
 

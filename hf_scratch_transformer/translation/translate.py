@@ -99,6 +99,9 @@ def locate_model(name_or_path: str | os.PathLike) -> tuple[str, bool]:
     Every train.py and command-line option that names a model comes through here.
     """
     name = os.fspath(name_or_path)
+    if not name.strip():  # Path("") is the working directory, which would be searched for weights
+        raise ModelLoadError(f"the model name is empty ({name!r}): give the directory saved with save_pretrained, "
+                             f"or a hub id (owner/name)")
     path = Path(name).expanduser()
     try:
         path.stat()

@@ -146,6 +146,13 @@ CASES = [
     plain_case("demo_port_out_of_range", lambda ws: one_line(
         *run_demo(["--model", ws.root / "never-loaded", "--port", "70000"]), 2, "--port", "70000", "65535")),
     plain_case("demo_port_in_use", _port_in_use),
+    # without --port the server tried the name on every port from 7860, one error line each, and never exited
+    plain_case("demo_host_that_does_not_resolve", lambda ws: one_line(
+        *run_demo(["--model", ws.root / "never-loaded", "--host", "a-name-that-does-not-resolve"]), 2,
+        "--host a-name-that-does-not-resolve", "not an address")),
+    plain_case("demo_host_not_of_this_machine", lambda ws: one_line(
+        *run_demo(["--model", ws.root / "never-loaded", "--host", "192.0.2.1"]), 1, "cannot listen on 192.0.2.1",
+        "--host")),
     plain_case("demo_unknown_device", lambda ws: one_line(
         *run_demo(["--model", ws.root / "never-loaded", "--device", "nodevice"]), 2, "--device", "'nodevice'")),
     plain_case("demo_space_of_a_local_directory", lambda ws: one_line(

@@ -1,15 +1,33 @@
 """Hostile environments of a training run: a full disk at each write (on a real small tmpfs, see
 hostile_inputs.SmallDisk: these cases are skipped with the reason where mounting needs root), a read-only output
 directory, a name too long; and the output-directory and resume checks (changed training data, contradictory flags,
-evaluating into a model directory). Each case asserts the class of outcome and that nothing saved was lost."""
+evaluating into a model directory, a checkpoint of another run continued into a finished one). Issue 42's runs: what
+a launcher or a shell leaves in the environment (WORLD_SIZE, accelerate's simple launcher, its --mixed_precision,
+OMP_NUM_THREADS), --cpu_threads above the cores, the results printed into a closed pipe or /dev/full, the files'
+permissions under the umask, the log's warnings and the model card's links. Each case asserts the class of outcome
+and that nothing saved was lost."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from pathlib import Path
 
-from hostile_inputs import PAGE, Case, Failure, SmallDisk, Workspace, disk_usage, one_line, run_train, tiny_flags
+from hostile_inputs import (
+    PAGE,
+    PAIRS,
+    Case,
+    Failure,
+    SmallDisk,
+    Workspace,
+    captured_logs,
+    disk_usage,
+    one_line,
+    run_train,
+    tiny_flags,
+)
 
 
 def _digests(directory: Path) -> dict:
@@ -233,4 +251,252 @@ RESUME_CASES = [
     Case("resume_from_an_unreadable_run_state", "resume", _unreadable_run_state),
 ]
 
-CASES = FAULT_CASES + OUTPUT_CASES + RESUME_CASES
+
+
+# ----------------------------------------------------------------------------- a checkpoint of another run (issue 42)
+
+
+def _resume_into_another_finished_run(ws: Workspace) -> str:
+    """`--resume_from_checkpoint A/checkpoint-4 --output_dir B` where B holds a finished run: B's model would be
+    replaced and its checkpoints rotated away."""
+    other, run = ws.finished_run(), ws.finished_run()
+    before = _digests(other)
+    checkpoint = other / "checkpoint-4"
+    message = _refused_unchanged(run, tiny_flags(run, max_steps=6, resume_from_checkpoint=str(checkpoint)),
+                                 f"--resume_from_checkpoint {checkpoint}", str(run), "a finished run",
+                                 "--resume_from_checkpoint latest", "--overwrite_output_dir")
+    if _digests(other) != before:
+        raise Failure(f"the refused resume changed {other}")
+    return message
+
+
+def _trained(argv: list[str], **env) -> str:
+    code, err = run_train(argv, env=env or None)
+    if code != 0:
+        raise Failure(f"exit status {code}: {err.strip().splitlines()[-1:] if err.strip() else ''}")
+    return err
+
+
+def _resume_own_checkpoint_by_path(ws: Workspace) -> str:
+    """Resuming into the run's own directory, its checkpoint named by path, goes on as before."""
+    run = ws.finished_run()
+    _trained(tiny_flags(run, max_steps=6, resume_from_checkpoint=str(run / "checkpoint-4")))
+    if "checkpoint-6" not in _complete_checkpoints(run):
+        raise Failure(f"no checkpoint-6 after resuming {run / 'checkpoint-4'}: {_left(run)}")
+    return "resumed at step 4, checkpoint-6 written"
+
+
+def _overwrite_continues_another_run(ws: Workspace) -> str:
+    """With --overwrite_output_dir the other run's checkpoint continues into the finished directory, which is
+    started over (its own checkpoints go); the other run is not touched."""
+    other, run = ws.finished_run(), ws.finished_run()
+    before = _digests(other)
+    _trained(tiny_flags(run, max_steps=6, resume_from_checkpoint=str(other / "checkpoint-4"),
+                        overwrite_output_dir=True))
+    if _complete_checkpoints(run) != ["checkpoint-6"] or _digests(other) != before:
+        raise Failure(f"{run} holds {_complete_checkpoints(run)} (expected checkpoint-6 alone), or {other} changed")
+    return "continued from the other run at step 4 into the directory started over: checkpoint-6 alone"
+
+
+ANOTHER_RUN_CASES = [
+    Case("resume_into_another_finished_run", "resume", _resume_into_another_finished_run),
+    Case("resume_own_checkpoint_by_path", "resume", _resume_own_checkpoint_by_path),
+    Case("overwrite_continues_another_runs_checkpoint", "resume", _overwrite_continues_another_run),
+]
+
+
+# ----------------------------------------------------------------------- what the launcher left in the environment
+
+
+def _refused_before_any_work(name: str, env: dict, *parts, **flags) -> Case:
+    """train.py run with `env` added to the environment stops with one line (exit 2) and creates nothing."""
+    def check(ws: Workspace) -> str:
+        output_dir = ws.root / f"never-{name}"
+        message = one_line(*run_train(tiny_flags(output_dir, **flags), env=env), 2, *parts)
+        if output_dir.exists():
+            raise Failure(f"{output_dir} was created although the launch was refused before any work")
+        return message
+    return Case(name, "launch", check)
+
+
+NO_LAUNCHER = {"RANK": None, "LOCAL_RANK": None, "MASTER_ADDR": None, "MASTER_PORT": None}
+
+
+def _launcher_precision_applies(ws: Workspace) -> str:
+    """`accelerate launch --mixed_precision bf16 train.py` without --bf16: the run trains in bf16 and says why."""
+    run = ws.fresh("launcher-bf16")
+    with captured_logs("hf_scratch_transformer") as log:
+        _trained(tiny_flags(run, bf16=None, max_steps=2, save_steps=0), ACCELERATE_MIXED_PRECISION="bf16")
+    precision = json.loads((run / "train_results.json").read_text())["recipe"]["precision"]
+    line = "bf16 mixed precision (accelerate launch --mixed_precision bf16)"
+    if precision != "bf16" or line not in log.getvalue():
+        raise Failure(f"trained in {precision}; the log does not say {line!r}")
+    return f"trained in bf16: {line}"
+
+
+LAUNCH_CASES = [
+    _refused_before_any_work("world_size_left_in_the_environment", {"WORLD_SIZE": "2", **NO_LAUNCHER},
+                             "WORLD_SIZE=2", "no launcher", "unset WORLD_SIZE", "accelerate launch --multi_gpu"),
+    _refused_before_any_work("accelerate_simple_launcher_num_processes_2",
+                             {"ACCELERATE_USE_CPU": "False", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                              "LOCAL_RANK": None, "WORLD_SIZE": None},
+                             "--num_processes N", "starts only one process", "--multi_gpu"),
+    _refused_before_any_work("launcher_bf16_against_bf16_false", {"ACCELERATE_MIXED_PRECISION": "bf16"},
+                             "--mixed_precision bf16", "--bf16 false", "contradict"),
+    _refused_before_any_work("launcher_fp8", {"ACCELERATE_MIXED_PRECISION": "fp8"}, "--mixed_precision fp8",
+                             "bf16, fp16 or no", bf16=None),
+    Case("launcher_bf16_applies", "launch", _launcher_precision_applies),
+]
+
+
+# ---------------------------------------------------------------------------------------------- CPU threads
+
+
+def _thread_results(ws: Workspace, name: str, env: dict | None = None, **flags) -> tuple[dict, str]:
+    """(train_results.json, the log) of a tiny run with `env` added to the environment."""
+    run = ws.fresh(name)
+    with captured_logs("hf_scratch_transformer") as log:
+        _trained(tiny_flags(run, max_steps=2, save_steps=0, **flags), **(env or {}))
+    return json.loads((run / "train_results.json").read_text()), log.getvalue()
+
+
+def _cpu_threads_above_the_cores(ws: Workspace) -> str:
+    from hf_scratch_transformer.cpu_threads import thread_limit
+
+    limit = thread_limit()
+    results, log = _thread_results(ws, "threads-999", cpu_threads=999)
+    warning = f"--cpu_threads 999 is more than this process may use ({limit.reason}): {limit.threads} thread(s) used"
+    if results["train_cpu_threads"] != limit.threads or warning not in log:
+        raise Failure(f"trained with {results['train_cpu_threads']} threads; the log does not say {warning!r}")
+    return warning
+
+
+def _omp_num_threads_is_a_limit(ws: Workspace) -> str:
+    """A user's OMP_NUM_THREADS=1 (no launcher) bounds the thread tuner, and the log says so."""
+    results, log = _thread_results(ws, "threads-omp", {"OMP_NUM_THREADS": "1", "ACCELERATE_MIXED_PRECISION": None,
+                                                       "TORCHELASTIC_RUN_ID": None})
+    line = "1 CPU thread(s) for training (the most it may use, OMP_NUM_THREADS=1"
+    if results["train_cpu_threads"] != 1 or "OMP_NUM_THREADS=1" not in results["train_cpu_thread_limit"] \
+            or line not in log:
+        raise Failure(f"{results['train_cpu_threads']} threads, limit {results.get('train_cpu_thread_limit')!r}; "
+                      f"the log does not say {line!r}")
+    return line + ")"
+
+
+def _launchers_omp_default_is_no_limit(ws: Workspace) -> str:
+    """Under accelerate launch, OMP_NUM_THREADS=1 is the launcher's default for every process: no limit, said so."""
+    from hf_scratch_transformer.cpu_threads import thread_limit
+
+    results, log = _thread_results(ws, "threads-launcher",
+                                   {"OMP_NUM_THREADS": "1", "ACCELERATE_MIXED_PRECISION": "no"})
+    note = "OMP_NUM_THREADS=1 is what accelerate launch sets for each process when given no value"
+    limit = results.get("train_cpu_thread_limit", "")
+    unpinned = thread_limit({key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}).threads
+    if not limit.startswith(f"{unpinned} (") or note not in limit or note not in log:
+        raise Failure(f"limit {limit!r}; the log does not say {note!r}")
+    return note
+
+
+THREAD_CASES = [Case("cpu_threads_above_the_cores", "threads", _cpu_threads_above_the_cores),
+                Case("omp_num_threads_is_a_limit", "threads", _omp_num_threads_is_a_limit),
+                Case("launchers_omp_default_is_no_limit", "threads", _launchers_omp_default_is_no_limit)]
+
+
+# ------------------------------------------------------------------------------- train.py's own standard output
+
+
+def _results_into_a_closed_pipe(ws: Workspace) -> str:
+    """`python train.py ... | head -1` where head has gone when the results are printed: exit 0, nothing on
+    stderr after the log, the model saved."""
+    run = ws.fresh("pipe")
+    reader, writer = os.pipe()
+    os.close(reader)
+    with os.fdopen(writer, "w", encoding="utf-8") as pipe:
+        code, err = run_train(tiny_flags(run, max_steps=2, save_steps=0), stdout=pipe)
+    last = err.strip().splitlines()[-1:]
+    if code != 0 or "Traceback" in err or "Error" in err or not (run / "model.safetensors").is_file():
+        raise Failure(f"exit status {code}: {last}")
+    return "exit status 0, the model saved, no error"
+
+
+def _results_into_dev_full(ws: Workspace) -> str:
+    run = ws.fresh("full")
+    with open("/dev/full", "w", encoding="utf-8") as full:
+        code, err = run_train(tiny_flags(run, max_steps=2, save_steps=0), stdout=full)
+    message = one_line(code, err, 1, "no space left on device writing standard output",
+                       f"saved in {run / 'all_results.json'}")
+    if not (run / "model.safetensors").is_file():
+        raise Failure("the model was not saved")
+    return message
+
+
+STREAM_CASES = [Case("train_results_into_a_closed_pipe", "streams", _results_into_a_closed_pipe),
+                Case("train_results_into_dev_full", "streams", _results_into_dev_full)]
+
+
+# ---------------------------------------------------------------------------------- files, log and model card
+
+
+def _files_follow_the_umask(ws: Workspace) -> str:
+    """Every file of the output directory (the model, its checkpoints) has the mode the umask gives a new file:
+    0644 under 022, 0640 under 027 (safetensors alone wrote 0600)."""
+    seen = []
+    for umask in (0o022, 0o027):
+        run = ws.fresh(f"umask-{umask:03o}")
+        previous = os.umask(umask)
+        try:
+            _trained(tiny_flags(run, max_steps=2, save_steps=2))
+        finally:
+            os.umask(previous)
+        expected = 0o666 & ~umask
+        wrong = {str(path.relative_to(run)): f"{path.stat().st_mode & 0o777:04o}" for path in run.rglob("*")
+                 if path.is_file() and path.stat().st_mode & 0o777 != expected}
+        if wrong:
+            raise Failure(f"under umask {umask:03o} these files are not {expected:04o}: {wrong}")
+        seen.append(f"{expected:04o} under umask {umask:03o}")
+    return "every file " + ", ".join(seen)
+
+
+def _no_token_indices_warning(ws: Workspace) -> str:
+    """A training source far over --max_source_length 64 (a whole chapter on one line, as the shipped corpus has
+    one), with paraphrases: it is read for the paraphrase table and dropped as too long before the model, so
+    transformers' "Token indices sequence length is longer than ... indexing errors" warning must not be printed."""
+    from transformers import AutoTokenizer
+
+    chapter = " ".join(en for en, _ in PAIRS[:6]) * 12
+    records = [{"translation": {"en": en, "es": es}, "paraphrases": {"en": [en.replace("God", "the Lord")]}}
+               for en, es in PAIRS] + [{"translation": {"en": chapter, "es": chapter},
+                                        "paraphrases": {"en": [chapter.lower()]}}]
+    good, run = ws.corpus(), ws.fresh("warning")
+    train = ws.corpus(records)
+    with captured_logs("transformers", "hf_scratch_transformer") as log:
+        _trained(tiny_flags(run, max_steps=2, save_steps=0, train_file=str(train), validation_file=str(good),
+                            test_file=str(good)))
+    if "Token indices sequence length" in log.getvalue():
+        raise Failure("the log warns: " + next(line for line in log.getvalue().splitlines() if "Token indices" in line))
+    tokenizer = AutoTokenizer.from_pretrained(run)
+    length = len(tokenizer(chapter, verbose=False)["input_ids"])
+    if length <= tokenizer.model_max_length:  # the run did meet an over-long text, or the case proves nothing
+        raise Failure(f"the long source has {length} tokens, not over {tokenizer.model_max_length}: proves nothing")
+    return f"a source of {length} tokens (limit {tokenizer.model_max_length}): no 'Token indices' warning"
+
+
+def _model_card_links(ws: Workspace) -> str:
+    """The model card links only what exists: no page of a package index the project is not published on, and
+    every relative link names a file of the model directory."""
+    run = ws.finished_run()
+    card = (run / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)\s]+)\)", card) + re.findall(r"https?://[^\s)>\]]+", card)
+    dead = [link for link in links if "pypi.org" in link or
+            (not re.match(r"[a-z]+://|#|mailto:", link) and not (run / link).exists())]
+    if dead:
+        raise Failure(f"the model card links what does not exist: {dead}")
+    return f"{len(links)} link(s), none dead"
+
+
+FILE_CASES = [Case("model_files_follow_the_umask", "output", _files_follow_the_umask),
+              Case("no_token_indices_warning", "output", _no_token_indices_warning),
+              Case("model_card_links_only_what_exists", "output", _model_card_links)]
+
+CASES = FAULT_CASES + OUTPUT_CASES + RESUME_CASES + ANOTHER_RUN_CASES + LAUNCH_CASES + THREAD_CASES + STREAM_CASES \
+    + FILE_CASES

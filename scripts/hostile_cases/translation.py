@@ -1,7 +1,8 @@
 """Hostile cases of translating: hf-scratch-translate's flags, lines and streams, poisoned or mismatched model
-directories, unwritable paths, the Python API and the pipeline, the CTranslate2 export, and real text (a broken
+directories, unwritable paths, the Python API and the pipeline, the CTranslate2 export, real text (a broken
 glossary, a user's pattern that cannot be used, a binary input file: refused before anything is loaded or
-written; a 5 MB line: translated).
+written; a 5 MB line: translated) and issue 42's input reading (a byte-order mark, /dev/zero, a working directory
+deleted before the command starts, an empty --model).
 
 Each case asserts the class of outcome: a refusal is ONE line naming the cause, with exit status 2 (the user's
 to fix) or 1 (the environment); an input that must work gives the documented result.
@@ -13,11 +14,14 @@ import contextlib
 import io
 import json
 import os
+import resource
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from hostile_inputs import Case, Failure, Workspace, _expect_value_error, one_line
+from hostile_inputs import REPO, Case, Failure, Workspace, _expect_value_error, one_line
 
 CATEGORY = "translation"
 
@@ -277,6 +281,92 @@ API_CASES = [
     Case("ct2_export_name_too_long", CATEGORY, _ct2_export_name_too_long),
 ]
 
+
+
+# ------------------------------------------------------------------------------------- input reading (issue 42)
+def _translated_lines(argv: list, stdin: bytes = b"") -> list[str]:
+    status, err, out = run(argv, stdin=stdin)
+    if status != 0 or "Traceback" in err:
+        raise Failure(f"exit status {status}: {err.strip()[-300:]}")
+    return out.split("\n")[:-1]
+
+
+def _byte_order_mark(through_stdin: bool):
+    """A UTF-8 byte-order mark (what Windows editors write first) is not text: the first line translates as the
+    same line without it."""
+    def check(ws: Workspace) -> str:
+        data = "\ufeffJesus wept.\nJesus wept.\n".encode("utf-8")
+        if through_stdin:
+            lines = _translated_lines(["--model", ws.model_dir()], stdin=data)
+        else:
+            path = ws.fresh("bom") / "input.txt"
+            path.write_bytes(data)
+            lines = _translated_lines(["--model", ws.model_dir(), "--input_file", path])
+        if len(lines) != 2 or lines[0] != lines[1]:
+            raise Failure(f"the line after the byte-order mark translates otherwise: {lines}")
+        return "the first line translates as without the mark"
+    return check
+
+
+def command(argv: list, cwd_script: str = "", memory_gib: int = 4, timeout: int = 180) -> tuple[int, str, str]:
+    """`python -m hf_scratch_transformer.translation.cli ARGV` in a new process, its memory bounded (a runaway read
+    ends in MemoryError, not in the machine's memory), after the shell commands `cwd_script` (e.g. a cd into a
+    directory that is then deleted): (exit status, stderr, stdout)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "HF_HUB_OFFLINE": "1"}
+
+    def bounded():
+        limit = memory_gib << 30
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    python = " ".join(shlex.quote(part) for part in [sys.executable, "-m", "hf_scratch_transformer.translation.cli",
+                                                      *map(str, argv)])
+    done = subprocess.run(["sh", "-c", f"{cwd_script} exec {python}"], capture_output=True, text=True, env=env,
+                          preexec_fn=bounded, timeout=timeout, stdin=subprocess.DEVNULL)
+    return done.returncode, done.stderr, done.stdout
+
+
+def _endless_input(through_stdin: bool):
+    """/dev/zero never ends: refused at its first byte, a NUL, instead of read until memory runs out."""
+    def check(ws: Workspace) -> str:
+        started = time.perf_counter()
+        if through_stdin:
+            status, err, _ = command(["--model", ws.model_dir()], cwd_script="exec < /dev/zero &&")
+            parts = ("standard input is binary", "NUL byte at byte 0")
+        else:
+            status, err, _ = command(["--model", ws.model_dir(), "--input_file", "/dev/zero"])
+            parts = ("input file /dev/zero is binary", "NUL byte at byte 0")
+        message = one_line(status, err, 2, *parts)
+        if time.perf_counter() - started > 120:
+            raise Failure(f"took {time.perf_counter() - started:.0f} s")
+        return message
+    return check
+
+
+def _started_in_a_deleted_directory(ws: Workspace) -> str:
+    """The command started from a working directory that was deleted before (a real one: importing torch and
+    transformers there fails unless handled): absolute paths work, a relative one is refused in one line."""
+    def enter() -> str:
+        gone = shlex.quote(str(ws.fresh("deleted")))
+        return f"cd {gone} && rmdir {gone} &&"
+
+    model = ws.model_dir()
+    status, err, out = command(["--model", model, "Jesus wept."], cwd_script=enter())
+    if status != 0 or len(out.splitlines()) != 1:
+        raise Failure(f"an absolute --model should work: exit status {status}, {err.strip()[-300:]}")
+    status, err, _ = command(["--model", model, "--input_file", "relative.txt"], cwd_script=enter())
+    return one_line(status, err, 2, "working directory was deleted", "--input_file relative.txt")
+
+
+READING_CASES = [
+    Case("byte_order_mark_in_input_file", CATEGORY, _byte_order_mark(through_stdin=False)),
+    Case("byte_order_mark_on_stdin", CATEGORY, _byte_order_mark(through_stdin=True)),
+    Case("input_file_dev_zero", CATEGORY, _endless_input(through_stdin=False)),
+    Case("stdin_dev_zero", CATEGORY, _endless_input(through_stdin=True)),
+    Case("started_in_a_deleted_working_directory", CATEGORY, _started_in_a_deleted_directory),
+    Case("empty_model_name", CATEGORY, refused(lambda ws: ["--model", "", "Jesus wept."], 2,
+                                               "the model name is empty", "save_pretrained")),
+]
 # ---------------------------------------------------------------------------------------- real text (issue 41)
 def _nothing_written(argv_of, *parts) -> callable:
     """The command given `argv_of(ws)` and an --output_file ends with exit status 2 and one line naming every
@@ -316,6 +406,27 @@ def _five_megabyte_line(ws: Workspace) -> str:
     return f"5 MB in one line: one line out in {seconds:.0f} s"
 
 
+def _jsonl_of_awkward_lines(extra: list):
+    """--output_format jsonl (with `extra` flags) of lines holding U+2028, U+0085, a lone \\r, only white space,
+    nothing, and a glossary term: exactly one JSON object per input line however the output is split (str.splitlines
+    included), each naming its line's source, in order."""
+    def check(ws: Workspace) -> str:
+        folder = ws.fresh("jsonl")
+        sources = ["God saw the light.\u2028Jesus wept.", "Jesus\x85wept.", "God\rsaw.", "   ", "", "Jesús lloró."]
+        glossary = _file(folder, "terms.tsv", "Jesus\tJesús\n".encode())
+        status, err, out = run(["--model", ws.model_dir(), "--output_format", "jsonl", "--glossary", glossary,
+                                "--no_progress", *extra], stdin="\n".join(sources).encode() + b"\n")
+        if status != 0 or "Traceback" in err:
+            raise Failure(f"exit status {status}: {err.strip()[-300:]}")
+        records = [json.loads(line) for line in out.splitlines()]
+        if [record["source"] for record in records] != sources or [r["id"] for r in records] != [1, 2, 3, 4, 5, 6]:
+            raise Failure(f"{len(records)} objects for {len(sources)} lines: {[r.get('source') for r in records]}")
+        if extra and not all(len(record["nbest"]) == 2 for record in records if record["source"].strip()):
+            raise Failure("--nbest 2 did not give two hypotheses per text")
+        return f"{len(records)} JSON objects for {len(sources)} awkward lines, in order"
+    return check
+
+
 REAL_TEXT_CASES = [
     Case("glossary_malformed_line", CATEGORY, _nothing_written(
         _glossary(b"Jesus\tCristo\nGod Dios\n"), "terms.tsv line 2", "expected `source term<TAB>target term`")),
@@ -335,6 +446,9 @@ REAL_TEXT_CASES = [
         lambda folder: ["-i", _file(folder, "core.dump", b"ELF\x00\x01\x02 Jesus")], "core.dump",
         "is binary, not text", "NUL byte at byte 3")),
     Case("five_megabyte_line", CATEGORY, _five_megabyte_line),
+    Case("jsonl_of_awkward_lines", CATEGORY, _jsonl_of_awkward_lines([])),
+    Case("jsonl_nbest_of_awkward_lines", CATEGORY, _jsonl_of_awkward_lines(["--nbest", "2", "--num_beams", "2"])),
 ]
 
-CASES = FLAG_CASES + LINE_CASES + MODEL_CASES + PATH_CASES + STREAM_CASES + API_CASES + REAL_TEXT_CASES
+CASES = (FLAG_CASES + LINE_CASES + MODEL_CASES + PATH_CASES + STREAM_CASES + API_CASES + REAL_TEXT_CASES
+         + READING_CASES)
