@@ -167,7 +167,8 @@ def _read_file(path: str) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise UsageError(f"input file is not valid UTF-8: {path} ({error.reason} at byte {error.start})") from None
+        raise UsageError(f"input file {path} is not valid UTF-8 ({error.reason} at byte {error.start}): convert "
+                         f"it, e.g. `iconv -f latin1 -t utf-8`") from None
     if "\0" in text:
         raise UsageError(f"input file {path} is binary, not text: {_nul_bytes(data)}")
     return text
