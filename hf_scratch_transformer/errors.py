@@ -20,6 +20,7 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 
 class ScratchTransformerError(Exception):
@@ -73,6 +74,21 @@ def one_line(error: BaseException) -> str:
         return str(error)
     message = " ".join(str(error).split())[:500]
     return f"{type(error).__name__}: {message} (run with --debug for the traceback)"
+
+
+def run_command(program: str, work: Callable[[], int], *, debug: bool) -> int:
+    """Run a command's `work` and return its exit status; an error (or Ctrl-C) ends it with `program: error: <one
+    line>` on stderr and `exit_code`'s status, or, with `debug`, raises it for the traceback. hf-scratch-translate,
+    hf-scratch-export-ct2 and hf-scratch-demo end this way."""
+    try:
+        return work()
+    except KeyboardInterrupt as interrupt:
+        return exit_code(interrupt)
+    except Exception as error:  # noqa: BLE001  (this package's errors and any other: one line, --debug traceback)
+        if debug:
+            raise
+        print(f"{program}: error: {one_line(error)}", file=sys.stderr)
+        return exit_code(error)
 
 
 def write_error(error: OSError, what: str, path) -> UsageError | EnvironmentFault:

@@ -1,6 +1,7 @@
 """documents.py: texts cut into sentences and put back in their own white space, over-long sentences cut into
 pieces that fit, files read as lines, paragraphs or one text."""
 
+import os
 import re
 import subprocess
 import sys
@@ -135,8 +136,6 @@ def test_a_five_megabyte_line_is_cut_in_seconds_not_hours(tmp_path):
     """A 5 MB document on one line, with sentences and with none, goes through segmentation and splitting in a
     fresh process (a hang would be a timeout) and every character comes back."""
     script = textwrap.dedent("""
-        import sys
-        sys.path.insert(0, "tests")
         from helpers import build_tiny_tokenizer, PAIRS
         from hf_scratch_transformer.documents import split_document, split_long
         tokenizer = build_tiny_tokenizer([text for pair in PAIRS for text in pair])
@@ -148,7 +147,9 @@ def test_a_five_megabyte_line_is_cut_in_seconds_not_hours(tmp_path):
             assert sum(len(p.text) for p in pieces) >= len(text.replace(" ", "")) or len(layout.units) > 1
             print(len(layout.units), len(pieces))
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300)
+    tests_first = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300,
+                            env={**os.environ, "PYTHONPATH": tests_first})
     assert result.returncode == 0, result.stderr
     counts = [list(map(int, line.split())) for line in result.stdout.split("\n") if line]
     assert counts[0] == [119048, 0] and counts[1][0] == 1 and counts[1][1] > 10_000

@@ -2,13 +2,9 @@
 perturbation does what its docstring says, and one perturbation alone changes what it changes in the full shift."""
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from style_shift import PERTURBATIONS, style_shift, style_shifted  # noqa: E402
+from style_shift import PERTURBATIONS, style_shift, style_shifted  # benchmarks/ is on pytest's pythonpath
 
 SOURCES = [
     "You will not find your neighbor's color in the center; it is his honor.",

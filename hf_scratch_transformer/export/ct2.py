@@ -27,7 +27,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..errors import exit_code, one_line, write_error
+from ..errors import run_command, write_error
 from ..translation.ct2_backend import INFO_FILE, INSTALL_HINT, CT2Error, require_ctranslate2, vocabulary_tokens
 
 logger = logging.getLogger("hf_scratch_transformer")
@@ -298,21 +298,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not args.debug:
         os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    try:
-        require_ctranslate2()
-        if not args.debug:
-            import transformers
+    return run_command("hf-scratch-export-ct2", lambda: _export(args), debug=args.debug)
 
-            transformers.logging.set_verbosity_error()
-            transformers.logging.disable_progress_bar()
-        output = export_ct2(args.model, args.output_dir, args.quantization, force=args.force)
-    except KeyboardInterrupt as interrupt:
-        return exit_code(interrupt)
-    except Exception as error:  # noqa: BLE001  (this package's errors and any other: one line, --debug traceback)
-        if args.debug:
-            raise
-        print(f"hf-scratch-export-ct2: error: {one_line(error)}", file=sys.stderr)
-        return exit_code(error)
+
+def _export(args) -> int:
+    require_ctranslate2()
+    if not args.debug:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+    output = export_ct2(args.model, args.output_dir, args.quantization, force=args.force)
     print(f"CTranslate2 model ({args.quantization or 'float32'}) written to {output}", file=sys.stderr)
     return 0
 

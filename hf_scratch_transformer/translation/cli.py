@@ -34,7 +34,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from ..errors import ScratchTransformerError, UsageError, exit_code, one_line, working_directory_exists, write_error
+from ..errors import ScratchTransformerError, UsageError, exit_code, run_command, working_directory_exists, write_error
 
 FLAGS = {"num_return_sequences": "--nbest"}  # core option -> this command's flag, where the names differ
 
@@ -167,7 +167,7 @@ def _read_file(path: str) -> str:
         raise UsageError(f"cannot read input file {path}: {error.strerror or error}") from None
 
 
-FILE_NOT_UTF8 = "input file is not valid UTF-8: {path} ({reason})"
+FILE_NOT_UTF8 = "input file {path} is not valid UTF-8 ({reason}): convert it, e.g. `iconv -f latin1 -t utf-8`"
 STDIN_NOT_UTF8 = "standard input is not valid UTF-8 ({reason}): convert it, e.g. `iconv -f latin1 -t utf-8`"
 READ_CHUNK = 1 << 20  # bytes read at a time: a NUL byte is found within the first megabyte of an endless stream
 
@@ -613,22 +613,20 @@ def _refuse_relative_paths(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command with `argv` (default: sys.argv[1:]); returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    return run_command("hf-scratch-translate", lambda: _run_until_the_reader_leaves(args), debug=args.debug)
+
+
+def _run_until_the_reader_leaves(args) -> int:
+    """`_run`, ended quietly (exit 0) when the reader of standard output leaves (piped into `head`: the reader has
+    what it wanted)."""
     try:
         if not working_directory_exists():
             _refuse_relative_paths(args)
         return _run(args)
-    except StdoutClosed as closed:  # e.g. piped into `head`: the reader has what it wanted
+    except StdoutClosed as closed:
         _silence_stdout()
         return exit_code(closed)
-    except KeyboardInterrupt as interrupt:
-        return exit_code(interrupt)
-    except Exception as error:  # noqa: BLE001  (this package's errors and any other: one line, --debug traceback)
-        if args.debug:
-            raise
-        print(f"hf-scratch-translate: error: {one_line(error)}", file=sys.stderr)
-        return exit_code(error)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..data.tokenization import language_pair
-from ..errors import EnvironmentFault, UsageError, exit_code, one_line
+from ..errors import EnvironmentFault, UsageError, run_command
 from ..glossary import parse_glossary
 from ..protected_spans import tokenizer_has_sentinels
 from .translate import TEST_SOURCES_FILE, load_model_and_tokenizer, pick_device
@@ -616,15 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command with `argv` (default: sys.argv[1:]); returns the exit status (errors.exit_code: 2 for what the
     user can fix, 1 for what the machine refused)."""
     args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except KeyboardInterrupt as interrupt:
-        return exit_code(interrupt)
-    except Exception as error:  # noqa: BLE001  (this package's errors and any other: one line, --debug traceback)
-        if args.debug:
-            raise
-        print(f"{PROGRAM}: error: {one_line(error)}", file=sys.stderr)
-        return exit_code(error)
+    return run_command(PROGRAM, lambda: _run(args), debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from a fixture, which skips them with the reason when the files cannot be had.
 """
 
 import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -73,10 +74,25 @@ def load_common_tests():
         destination.parent.mkdir(parents=True, exist_ok=True)
         if not destination.exists() or destination.read_bytes() != source.read_bytes():
             shutil.copyfile(source, destination)
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
+    _import_package(package)
     return (
         importlib.import_module(f"{PACKAGE}.test_modeling_common"),
         importlib.import_module(f"{PACKAGE}.test_configuration_common"),
         importlib.import_module(f"{PACKAGE}.generation.test_utils"),
     )
+
+
+def _import_package(package: Path) -> None:
+    """Import `package` (a folder) as the package PACKAGE from where it lies, so that its modules import by name, without
+    putting its parent folder on sys.path."""
+    if PACKAGE in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(PACKAGE, package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[PACKAGE] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[PACKAGE]
+        raise
