@@ -195,7 +195,8 @@ def test_evaluation_batches_do_not_use_dropout(tmp_path, shipped_corpus):
 
 def test_a_run_with_dropout_resumes_exactly(tmp_path):
     # inverse_sqrt: a schedule that does not depend on the run's length, so 4 steps extended to 8 are 8 steps
-    flags = dict(max_train_samples=24, bpe_dropout=0.2, eval_steps=0, save_steps=4, lr_scheduler_type="inverse_sqrt")
+    flags = dict(max_train_samples=24, bpe_dropout=0.2, eval_steps=0, save_steps=4, lr_scheduler_type="inverse_sqrt",
+                 cpu_threads=1)  # bit for bit only at a pinned thread count
     run_quick(tmp_path / "straight", max_steps=8, **flags)
     run_quick(tmp_path / "resumed", max_steps=4, **flags)
     run_quick(tmp_path / "resumed", max_steps=8, resume_from_checkpoint="latest", **flags)

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on share
 
 def test_streaming_trains_checkpoints_and_resumes_exactly_in_one_process(tmp_path, monkeypatch):
     flags = dict(streaming=True, max_steps=6, save_steps=3, eval_steps=0, max_train_samples=24, max_tokens=0,
-                 per_device_train_batch_size=8)  # 3 batches an epoch: the run crosses into a second one
+                 per_device_train_batch_size=8, cpu_threads=1)  # 3 batches an epoch: the run crosses into a second one;
+    # the thread count pinned: bit for bit only at a pinned count
     with training_callbacks(BatchTrace(tmp_path)):
         results = run_quick(tmp_path / "straight", **flags)
         assert results["train_steps"] == 6 and results["train_samples"] is None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from hostile_inputs import Case, Failure, Workspace, _expect_value_error, one_line, run_cli
+from hostile_inputs import Case, Failure, Workspace, _expect_value_error, run_cli
 
 FIVE_MB = 5_000_000
 
