@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from contextlib import contextmanager
 
 
 class ScratchTransformerError(Exception):
@@ -89,6 +90,27 @@ def run_command(program: str, work: Callable[[], int], *, debug: bool) -> int:
             raise
         print(f"{program}: error: {one_line(error)}", file=sys.stderr)
         return exit_code(error)
+
+
+@contextmanager
+def opened_for_reading(path, what: str, error_class: type[UsageError] = UsageError):
+    """`open(path, "rb")` for a file the user named as `what` ("input file", "glossary file"): a missing file, a
+    directory or an unreadable one is one `error_class` line naming it."""
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        raise error_class(f"{what} not found: {os.fspath(path)}") from None
+    except IsADirectoryError:
+        raise error_class(f"{what} is a directory: {os.fspath(path)}") from None
+    except OSError as error:
+        raise error_class(f"cannot read {what} {os.fspath(path)}: {error.strerror or error}") from None
+    with handle:
+        try:
+            yield handle
+        except IsADirectoryError:  # Linux opens a directory and fails at the first read
+            raise error_class(f"{what} is a directory: {os.fspath(path)}") from None
+        except OSError as error:
+            raise error_class(f"cannot read {what} {os.fspath(path)}: {error.strerror or error}") from None
 
 
 def write_error(error: OSError, what: str, path) -> UsageError | EnvironmentFault:

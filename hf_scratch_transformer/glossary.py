@@ -22,7 +22,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from .errors import UsageError
+from .errors import UsageError, opened_for_reading
 from .protected_spans import Span, occurrences
 
 
@@ -81,15 +81,8 @@ def read_glossary(path: str | os.PathLike) -> Glossary:
     without exactly one tab, an empty term, the same source term with two targets, or a file that is not UTF-8
     text is refused with GlossaryError naming the line."""
     name = os.fspath(path)
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except FileNotFoundError:
-        raise GlossaryError(f"glossary file not found: {name}") from None
-    except IsADirectoryError:
-        raise GlossaryError(f"the glossary {name} is a directory, not a TSV file") from None
-    except OSError as error:
-        raise GlossaryError(f"cannot read the glossary {name}: {error.strerror or error}") from None
+    with opened_for_reading(path, "glossary file", GlossaryError) as handle:
+        data = handle.read()
     if b"\0" in data:
         where = data.index(b"\0")
         raise GlossaryError(f"the glossary {name} is a binary file, not UTF-8 text (a NUL byte at byte {where}): "

@@ -34,7 +34,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from ..errors import ScratchTransformerError, UsageError, exit_code, run_command, working_directory_exists, write_error
+from ..errors import (ScratchTransformerError, UsageError, exit_code, opened_for_reading, run_command,
+                      working_directory_exists, write_error)
 
 FLAGS = {"num_return_sequences": "--nbest"}  # core option -> this command's flag, where the names differ
 
@@ -156,15 +157,8 @@ def _add_text_arguments(parser: argparse.ArgumentParser) -> None:
 # Lines in, lines out
 # --------------------------------------------------------------------------------------------------------------
 def _read_file(path: str) -> str:
-    try:
-        with open(path, "rb") as handle:
-            return _text(handle, f"input file {path}", FILE_NOT_UTF8, path)
-    except FileNotFoundError:
-        raise UsageError(f"input file not found: {path}") from None
-    except IsADirectoryError:
-        raise UsageError(f"input file is a directory: {path}") from None
-    except OSError as error:
-        raise UsageError(f"cannot read input file {path}: {error.strerror or error}") from None
+    with opened_for_reading(path, "input file") as handle:
+        return _text(handle, f"input file {path}", FILE_NOT_UTF8, path)
 
 
 FILE_NOT_UTF8 = "input file {path} is not valid UTF-8 ({reason}): convert it, e.g. `iconv -f latin1 -t utf-8`"
