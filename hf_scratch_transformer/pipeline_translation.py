@@ -21,7 +21,8 @@ from .translation_core import DecodingOptions, TextOptions, TorchBackend, check_
 
 # call-time keyword arguments that are options of the core; any other goes to generate()
 CORE_OPTIONS = ("num_beams", "num_return_sequences", "max_new_tokens", "max_len_a", "max_len_b")
-TEXT_OPTIONS = ("segment", "source_lang", "protect", "protect_kinds", "protect_patterns", "glossary")
+TEXT_OPTIONS = ("segment", "source_lang", "protect", "protect_kinds", "protect_patterns", "glossary",
+                "max_sentence_tokens")
 
 
 class TranslationPipeline(Pipeline):

@@ -439,11 +439,15 @@ class TextOptions:
     else English rules). protect: None (the default) protects the default kinds of span when the model's tokenizer
     has the sentinel tokens (a model trained with masked spans) and not otherwise; True / False: on / off.
     protect_kinds: which kinds (protected_spans.DEFAULT_KINDS); protect_patterns: the user's regular expressions,
-    protected whenever given. glossary: a glossary.Glossary, honoured whenever given.
+    protected whenever given. glossary: a glossary.Glossary, honoured whenever given. max_sentence_tokens: with
+    `segment`, a sentence longer than this many tokens is translated in pieces cut at clauses (None: the length the
+    model was trained on, `max_sentence_tokens` in its generation_config.json, which train.py sets to the 99th
+    percentile of its training sources; a model without it: only the model's limit).
     """
 
     segment: bool = True
     source_lang: str | None = None
+    max_sentence_tokens: int | None = None
     protect: bool | None = None
     protect_kinds: tuple = DEFAULT_KINDS
     protect_patterns: tuple = ()
@@ -535,7 +539,8 @@ def translate_texts(backend, tokenizer, texts: list[str], options: DecodingOptio
     sentinels = tokenizer_has_sentinels(tokenizer)
     protector = text_options.protector(sentinels)
     limit = source_limit(backend.max_positions, tokenizer) - 1  # room for </s>
-    layouts, units = _plan(texts, tokenizer, text_options, protector, sentinels, limit)
+    layouts, units = _plan(texts, tokenizer, text_options, protector, sentinels, limit,
+                           _sentence_limit(backend, text_options, limit))
     found = translate_batches(backend, tokenizer, [unit.protected.model_text for unit in units], options,
                               progress=progress, description=description, on_batch=on_batch)
     links = _alignment_links(backend, tokenizer, units, found, options.batch_size)
@@ -548,8 +553,16 @@ def translate_texts(backend, tokenizer, texts: list[str], options: DecodingOptio
     return [_assemble(text, layout, parts, penalty) for text, layout, parts in zip(texts, layouts, per_text)]
 
 
-def _plan(texts, tokenizer, text_options: TextOptions, protector, sentinels: bool, limit: int):
-    """(layout per text, units): texts cut into sentences, over-long ones into pieces, spans hidden."""
+def _sentence_limit(backend, text_options: TextOptions, limit: int) -> int:
+    """The longest sentence translated whole: a model trained on sentences of up to ~N tokens stops early on a
+    longer one (a sentence of a document can be ten verses long), so with `segment` longer sentences go in pieces."""
+    trained = text_options.max_sentence_tokens or getattr(backend.generation_config, "max_sentence_tokens", None)
+    return min(limit, int(trained)) if text_options.segment and trained else limit
+
+
+def _plan(texts, tokenizer, text_options: TextOptions, protector, sentinels: bool, limit: int, split_at: int):
+    """(layout per text, units): texts cut into sentences, sentences longer than `split_at` tokens into pieces
+    (a warning for those over the model's `limit`), spans hidden."""
     language = text_options.source_lang or source_language(tokenizer)
     layouts = [split_document(text, language, text_options.segment, _span_ranges(text, protector, text_options))
                for text in texts]
@@ -561,9 +574,10 @@ def _plan(texts, tokenizer, text_options: TextOptions, protector, sentinels: boo
         pieces = []
         for unit in layout.units:
             sentence = model_text(unit.text)
-            split = [Unit(sentence)] if next(lengths) <= limit else split_long(
-                sentence, tokenizer, limit, [(s.start, s.end) for s in protector.find(sentence)] if protector else [])
-            if len(split) > 1:
+            length = next(lengths)
+            keep_whole = [(s.start, s.end) for s in protector.find(sentence)] if protector and length > split_at else []
+            split = [Unit(sentence)] if length <= split_at else split_long(sentence, tokenizer, split_at, keep_whole)
+            if length > limit:
                 too_long.append((index, len(split)))
             split[-1].separator += unit.separator
             pieces += split
@@ -594,13 +608,15 @@ def _protect(index: int, text: str, protector, glossary, sentinels: bool) -> _Un
 
 
 def _needs_alignment(unit: _Unit, hypothesis: Hypothesis) -> bool:
-    """Stripped spans and kept terms are placed by the alignment; sentinels only when the model dropped one."""
+    """Stripped spans and terms (always kept as text) are placed by the alignment; sentinels only when the model
+    dropped one."""
     protected = unit.protected
     if not protected.spans:
         return False
     if not protected.sentinels:
         return True
-    return any(sentinel(index) not in hypothesis.text for index in range(len(protected.spans)))
+    return len(protected.sentinel_numbers) < len(protected.spans) or any(
+        sentinel(number) not in hypothesis.text for number in protected.sentinel_numbers.values())
 
 
 def _alignment_links(backend, tokenizer, units: list[_Unit], found, batch_size: int) -> dict:

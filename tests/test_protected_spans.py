@@ -14,8 +14,10 @@ from transformers import GenerationConfig
 
 from hf_scratch_transformer.data.preprocessing import mask_shared_spans
 from hf_scratch_transformer.data.tokenization import train_bpe_tokenizer
+from hf_scratch_transformer.glossary import Glossary
 from hf_scratch_transformer.protected_spans import (
     ProtectError,
+    Span,
     SpanProtector,
     compile_user_pattern,
     hide,
@@ -203,3 +205,29 @@ def test_sentinel_repair_on_a_model_that_drops_and_repeats_them(sentinel_model):
                                ["Jesus wept %d times, %s."])
     assert printf.text.count("%d") == 1 and printf.text.count("%s") == 1 and "\uff5f" not in printf.text
     assert [entry["how"] for entry in printf.spans] == ["aligned", "model"]  # %d put back by the alignment
+
+
+def test_a_sentinel_model_reads_glossary_terms_as_text_and_gets_their_target_in_place(sentinel_model):
+    """Hidden behind a sentinel, a content word leaves a sentence the model never saw (on the shipped test split the
+    default model lost 5 BLEU that way): terms stay as text, other spans become sentinels, and the term's target
+    replaces the words aligned with it."""
+    model, tokenizer = sentinel_model
+    glossary = Glossary.from_pairs({"word": "vocablo"})
+    [found] = translate_texts(TorchBackend(model), tokenizer, ["Read <b>the word</b> now."],
+                              DecodingOptions(num_beams=2), TextOptions(glossary=glossary))
+    model_text = found.segments[0].model_text
+    assert "word" in model_text and model_text.count("\uff5f") == 2, model_text  # the tags hidden, the term not
+    assert found.text.count("<b>") == 1 and found.text.count("</b>") == 1, found.text
+    assert found.text.count("vocablo") == 1, (found.text, found.glossary)
+    [term] = found.glossary
+    assert term["honoured"] and term["how"] in ("model", "replaced", "aligned")
+
+
+def test_a_kept_term_is_replaced_where_the_alignment_puts_it_in_a_sentinel_text():
+    protected = hide("Read %s about God.", [Span("printf", "%s", 5, 7, "%s"), Span("term", "God", 14, 17, "Dios")],
+                     sentinels=True)
+    assert protected.model_text == f"Read {sentinel(0)} about God."
+    # Lee(0) ｟0｠(1) sobre(2) el(3) Señor.(4): "God" aligned with "Señor."
+    links = [(0, 4, 0), (5, 8, 1), (9, 14, 2), (15, 18, 4)]
+    restored = restore(protected, f"Lee {sentinel(0)} sobre el Señor.", links)
+    assert restored.text == "Lee %s sobre el Dios." and restored.outcomes == ["model", "replaced"]

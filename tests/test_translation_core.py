@@ -172,3 +172,33 @@ def test_a_span_the_segmenter_would_cut_stays_whole_with_its_glossary_term(train
     assert [segment.source for segment in translation.segments] == ["`%.*s' used for output.", "God is love."]
     assert [entry["text"] for entry in translation.spans] == ["%.*s"] and translation.text.count("%.*s") == 1
     assert [entry["honoured"] for entry in translation.glossary] == [True]
+
+
+def test_a_sentence_longer_than_the_model_was_trained_on_goes_in_pieces(trained_model):
+    """A document's sentence can be ten verses long; a model trained on verses stops early on it. train.py records
+    the training sources' 99th-percentile length (generation_config.max_sentence_tokens); longer sentences of a
+    segmented text are cut at clauses, and a text translated whole (segment=False) is not."""
+    model, tokenizer, _ = trained_model
+    sentence = "Jesus wept, and God is love, and the Lord is my shepherd, and I shall not want."
+    length = len(tokenizer(sentence, add_special_tokens=False)["input_ids"])
+    model.generation_config.max_sentence_tokens = length // 2
+    try:
+        [pieces] = translate_texts(TorchBackend(model), tokenizer, [sentence])
+        [whole] = translate_texts(TorchBackend(model), tokenizer, [sentence], text_options=TextOptions(segment=False))
+        [asked] = translate_texts(TorchBackend(model), tokenizer, [sentence],
+                                  text_options=TextOptions(max_sentence_tokens=length))
+    finally:
+        del model.generation_config.max_sentence_tokens
+    assert len(pieces.segments) >= 2 and " ".join(s.source for s in pieces.segments) == sentence
+    assert all(s.source.endswith(",") for s in pieces.segments[:-1])  # cut at clauses
+    assert len(whole.segments) == 1 and len(asked.segments) == 1
+
+
+def test_the_recorded_sentence_length_is_the_99th_percentile_of_the_training_sources():
+    from datasets import Dataset
+
+    from hf_scratch_transformer.data.preprocessing import sentence_tokens
+
+    train = Dataset.from_dict({"input_ids": [[5] * n + [2] for n in range(1, 201)]})  # sources of 1..200 tokens
+    assert sentence_tokens(train) == 198 and sentence_tokens(train, percentile=50) == 100
+    assert sentence_tokens(None) is None and sentence_tokens(train.select([])) is None

@@ -13,6 +13,7 @@ itself).
 """
 
 import json
+import math
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -281,3 +282,17 @@ def make_collator(tokenizer) -> DataCollatorForSeq2Seq:
     return DataCollatorForSeq2Seq(tokenizer, model=None, label_pad_token_id=-100, pad_to_multiple_of=None)
 
 
+
+
+SENTENCE_LENGTH_SAMPLE = 20_000  # training pairs whose source lengths give `sentence_tokens`
+
+
+def sentence_tokens(train, percentile: float = 99.0) -> int | None:
+    """The source length (tokens, </s> not counted) that `percentile` % of the tokenised training split's sources
+    (its first SENTENCE_LENGTH_SAMPLE) do not exceed: the longest sentence the model saw often enough to translate
+    whole. None for a streamed or empty split."""
+    if train is None or not hasattr(train, "__len__") or len(train) == 0 or "input_ids" not in train.column_names:
+        return None
+    sample = train.select(range(min(len(train), SENTENCE_LENGTH_SAMPLE)))["input_ids"]
+    lengths = sorted(len(ids) - 1 for ids in sample)
+    return max(1, lengths[min(len(lengths) - 1, math.ceil(percentile / 100 * len(lengths)) - 1)])

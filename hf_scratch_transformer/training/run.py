@@ -41,7 +41,7 @@ from .checkpointing import (
 from ..configuration_scratch_transformer import ScratchTransformerConfig
 from ..data.loading import CorpusError, DataArguments, load_parallel_corpus
 from ..data.batching import TrainingBatches
-from ..data.preprocessing import TrainingData, evaluation_pairs, make_collator, preprocess_corpus
+from ..data.preprocessing import TrainingData, evaluation_pairs, make_collator, preprocess_corpus, sentence_tokens
 from .distributed import (
     check_launch,
     is_lost_process_error,
@@ -118,7 +118,7 @@ def _run_training(model_args: ModelArguments, data_args: DataArguments, args: Ru
     tokenizer = _tokenizer(raw, data_args, args, accelerator, checkpoint, pretrained)
     data = _prepare_data(raw, tokenizer, data_args, args, accelerator)
     paraphrases = read_paraphrases(raw["train"], tokenizer, data_args, recipe.augmentation) if args.do_train else {}
-    model = _model(model_args, data_args, args, recipe, tokenizer, pretrained, checkpoint)
+    model = _model(model_args, data_args, args, recipe, tokenizer, pretrained, checkpoint, data)
     collator = make_collator(tokenizer)
     evaluator = Evaluator(accelerator, model, tokenizer, data, collator, data_args, args)
     phases, trainer = {}, None
@@ -266,7 +266,7 @@ def _prepare_data(raw, tokenizer, data_args: DataArguments, args: RunArguments, 
 
 
 def _model(model_args: ModelArguments, data_args: DataArguments, args: RunArguments, recipe: Recipe, tokenizer,
-           pretrained, checkpoint: Path | None):
+           pretrained, checkpoint: Path | None, data: TrainingData):
     """The model of --model_name_or_path, or a new one of the configured size and the recipe's new-model settings
     (checked against a checkpoint to resume), with the generation settings of evaluation and of the saved model."""
     if pretrained is not None:
@@ -282,6 +282,8 @@ def _model(model_args: ModelArguments, data_args: DataArguments, args: RunArgume
         # max_new_tokens rather than max_length: a call with its own max_new_tokens then gives no warning.
         num_beams=args.num_beams, max_new_tokens=data_args.max_target_length, early_stopping=args.num_beams > 1,
     )
+    if (trained := sentence_tokens(data.splits.get("train"))) is not None:
+        model.generation_config.max_sentence_tokens = trained  # translate_texts cuts longer sentences of documents
     declare_tied_weights(model)
     return model
 

@@ -311,7 +311,8 @@ def translate(model, tokenizer, texts: list[str], *, num_beams: int | None = Non
               max_len_a: float = DEFAULT_MAX_LEN_A, max_len_b: float = DEFAULT_MAX_LEN_B,
               batch_size: int = DEFAULT_BATCH_SIZE, segment: bool = True, source_lang: str | None = None,
               protect: bool | None = None, protect_kinds=None, protect_patterns=(), glossary=None,
-              details: bool = False, progress: bool = False, description: str = "translating",
+              max_sentence_tokens: int | None = None, details: bool = False, progress: bool = False,
+              description: str = "translating",
               on_batch: Callable[[int, float], None] | None = None,
               **generate_kwargs) -> list[str] | list[list[Hypothesis]] | list[TextTranslation]:
     """Translate `texts` (a list of strings, each of any length: a sentence, a paragraph, a document) in input
@@ -325,7 +326,8 @@ def translate(model, tokenizer, texts: list[str], *, num_beams: int | None = Non
     gets at most `max_len_a * source tokens + max_len_b` new tokens (0 and 0: no bound). How texts are read
     (translation_core.TextOptions): `segment` (split into sentences), `source_lang`, `protect` (None: on for a
     model trained with sentinel tokens), `protect_kinds`, `protect_patterns`, `glossary` (a Glossary, a dict or
-    pairs). `progress` shows a tqdm bar; `on_batch(tokens_generated, seconds)` is called after each batch; further
+    pairs), `max_sentence_tokens` (longer sentences go in pieces; None: the length the model was trained on).
+    `progress` shows a tqdm bar; `on_batch(tokens_generated, seconds)` is called after each batch; further
     keyword arguments go to `generate()` (e.g. `length_penalty=1.2`).
     """
     options = DecodingOptions(
@@ -334,7 +336,8 @@ def translate(model, tokenizer, texts: list[str], *, num_beams: int | None = Non
         with_scores=num_return_sequences is not None or details,
     )
     reading = TextOptions(segment=segment, source_lang=source_lang, protect=protect, protect_patterns=protect_patterns,
-                          glossary=glossary, **({} if protect_kinds is None else {"protect_kinds": protect_kinds}))
+                          glossary=glossary, max_sentence_tokens=max_sentence_tokens,
+                          **({} if protect_kinds is None else {"protect_kinds": protect_kinds}))
     found = translate_texts(TorchBackend(model, **generate_kwargs), tokenizer, texts, options, reading,
                             progress=progress, description=description, on_batch=on_batch)
     if details:
