@@ -282,7 +282,7 @@ def _model(model_args: ModelArguments, data_args: DataArguments, args: RunArgume
         # max_new_tokens rather than max_length: a call with its own max_new_tokens then gives no warning.
         num_beams=args.num_beams, max_new_tokens=data_args.max_target_length, early_stopping=args.num_beams > 1,
     )
-    if (trained := sentence_tokens(data.splits.get("train"))) is not None:
+    if (trained := sentence_tokens(data.datasets.get("train"))) is not None:
         model.generation_config.max_sentence_tokens = trained  # translate_texts cuts longer sentences of documents
     declare_tied_weights(model)
     return model
