@@ -441,7 +441,7 @@ class TextOptions:
     protect_kinds: which kinds (protected_spans.DEFAULT_KINDS); protect_patterns: the user's regular expressions,
     protected whenever given. glossary: a glossary.Glossary, honoured whenever given. max_sentence_tokens: with
     `segment`, a sentence longer than this many tokens is translated in pieces cut at clauses (None: the length the
-    model was trained on, `max_sentence_tokens` in its generation_config.json, which train.py sets to the 99th
+    model was trained on, `max_sentence_tokens` in its generation_config.json, which train.py sets to the 90th
     percentile of its training sources; a model without it: only the model's limit).
     """
 

@@ -29,7 +29,7 @@ def test_the_output_directory_is_in_hub_format(long_run):
     assert sorted(name for name in names if name.startswith("checkpoint-")) == ["checkpoint-20", "checkpoint-40"]
     assert json.loads((output_dir / "all_results.json").read_text()) == results
     assert results["train_steps"] == 40 and results["train_tokens"] > 0
-    # the longest sentence translated whole (translate_texts): the training sources' 99th-percentile length
+    # the longest sentence translated whole (translate_texts): the training sources' 90th-percentile length
     generation = json.loads((output_dir / "generation_config.json").read_text())
     assert 5 < generation["max_sentence_tokens"] < 96  # --max_source_length 96 in tiny_run_flags
 
