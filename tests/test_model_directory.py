@@ -62,3 +62,14 @@ def test_push_to_hub_offline_fails_cleanly_and_keeps_the_model(tmp_path, capsys,
     assert f"saved and complete in {tmp_path}" in message
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
     assert model.num_parameters() > 0 and (tmp_path / "README.md").is_file()
+
+
+def test_a_text_with_line_breaks_keeps_line_n_for_text_n():
+    """A software corpus holds messages of two lines: written as they are, test_sources.txt had 2,735 lines for
+    2,408 sources and line N no longer belonged to prediction N."""
+    from hf_scratch_transformer.training.model_directory import as_lines, result_files
+
+    texts = ["one", "two\nlines", "a\r\nb\u2028c\x85d", ""]
+    assert as_lines(texts).splitlines() == ["one", "two lines", "a b c d", ""]
+    predictions = result_files({}, {}, texts)["generated_predictions.txt"]
+    assert len(predictions.splitlines()) == len(texts)

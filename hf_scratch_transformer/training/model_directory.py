@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import platform
+import re
 from pathlib import Path
 
 import torch
@@ -38,13 +39,22 @@ logger = logging.getLogger("hf_scratch_transformer")
 # ---------------------------------------------------------------------------------------------------- result files
 
 
+_LINE_BREAKS = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.splitlines ends a line at
+
+
+def as_lines(texts: list[str]) -> str:
+    """`texts` one per line, in order: a line break inside a text (a gettext message of two lines) becomes a space,
+    so line N of the file is always text N."""
+    return "".join(_LINE_BREAKS.sub(" ", text) + "\n" for text in texts)
+
+
 def result_files(results: dict, phases: dict, predictions: list[str] | None) -> dict[str, str]:
     """run_translation.py's result files: {train,eval,predict}_results.json, all_results.json (`results`) and
     generated_predictions.txt (one line per test source, in order)."""
     files = {results_file(phase): json.dumps(values, indent=2) for phase, values in phases.items() if values}
     files[ALL_RESULTS_FILE] = json.dumps(results, indent=2)
     if predictions is not None:
-        files[PREDICTIONS_FILE] = "".join(line + "\n" for line in predictions)
+        files[PREDICTIONS_FILE] = as_lines(predictions)
     return files
 
 

@@ -65,7 +65,15 @@ from ..errors import (
 )
 from .evaluation import Evaluator
 from .loop import TrainingLoop, active_callbacks
-from .model_directory import hardware_description, model_card, push_to_hub, result_files, save_model, save_results
+from .model_directory import (
+    as_lines,
+    hardware_description,
+    model_card,
+    push_to_hub,
+    result_files,
+    save_model,
+    save_results,
+)
 from ..modeling_scratch_transformer import ScratchTransformerForConditionalGeneration
 from .recipe import Recipe, resolve_recipe
 from .run_directory import (
@@ -350,7 +358,7 @@ def _export(results: dict, phases: dict, model, tokenizer, evaluator: Evaluator,
         return
     files = result_files(results, phases, evaluator.test_predictions)
     if evaluator.test_predictions is not None:  # the demo's example sentences, beside their translations
-        files[TEST_SOURCES_FILE] = "".join(line + "\n" for line in evaluator.data.test_sources)
+        files[TEST_SOURCES_FILE] = as_lines(evaluator.data.test_sources)
     if model_card_template is not None:
         files["README.md"] = model_card(
             model_card_template, model=model, results=results, predictions=evaluator.test_predictions,
