@@ -1,0 +1,157 @@
+"""The default recipe against a small sweep around it, on corpora unlike the shipped one (issue: a recipe for any
+corpus). Each run is `python train.py` on a corpus directory of `build_corpora.py` (train/validation/test JSON lines)
+with one variant's flags and nothing else, so the default row is exactly what a user of that corpus gets:
+
+    python benchmarks/recipe_sweep.py games_en_el_5k default dropout0.1 dropout0.3 --cpu_threads 1 --note "..."
+    python benchmarks/recipe_sweep.py --table          # rewrite results/recipe_sweep.md from the JSON lines
+    python benchmarks/recipe_sweep.py --list
+
+Variants (VARIANTS): the default; --dropout 0 / 0.1 / 0.3 (whatever the recipe chose, pinned); the step budget x0.5
+and x2 in the same time (--max_tokens x2 / x0.5, so every variant sees about the same tokens; early stopping and
+the best model kept as under the run-length rule); the BPE vocabulary x0.5 and x2. A row of
+results/recipe_sweep.jsonl holds the corpus, the variant, its flags, the recipe train.py resolved (dropout and why),
+wall time, steps, epochs, why it stopped, the best validation BLEU and the test BLEU greedy / beam 4, with the
+machine, load and `--note`. The choice between variants is made on validation BLEU; the table also shows test.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import loadavg, machine_info
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results" / "recipe_sweep.jsonl"
+CORPORA = REPO / "work" / "corpora"  # build_corpora.py's default output
+
+DEFAULT_MAX_TOKENS, DEFAULT_VOCAB = 1024, 4000  # train.py's --max_tokens and --tokenizer_vocab_size defaults
+
+
+def variant_flags(name: str, step_budget: int) -> list[str]:
+    """train.py flags of a variant; `step_budget` is the run-length rule's budget of the default run."""
+    if name == "default":
+        return []
+    if name.startswith("dropout"):
+        return ["--dropout", name.removeprefix("dropout")]
+    if name.startswith("steps"):
+        factor = float(name.removeprefix("steps"))
+        return ["--max_steps", str(round(step_budget * factor)),
+                "--max_tokens", str(round(DEFAULT_MAX_TOKENS / factor)),
+                "--early_stopping_patience", "3", "--load_best_model_at_end", "true"]
+    if name.startswith("bpe"):
+        return ["--tokenizer_vocab_size", str(round(DEFAULT_VOCAB * float(name.removeprefix("bpe"))))]
+    raise SystemExit(f"unknown variant {name!r}: one of {', '.join(VARIANTS)}")
+
+
+VARIANTS = ["default", "dropout0", "dropout0.1", "dropout0.3", "steps0.5", "steps2", "bpe0.5", "bpe2"]
+
+
+def languages(corpus: Path) -> tuple[str, str]:
+    manifest = json.loads((corpus / "manifest.json").read_text())
+    return manifest["languages"]["source"], manifest["languages"]["target"]
+
+
+def run(corpus: Path, variant: str, args) -> dict:
+    source, target = languages(corpus)
+    output_dir = args.output_root / f"{corpus.name}-{variant}"
+    flags = variant_flags(variant, args.step_budget)
+    command = [sys.executable, str(REPO / "train.py"), "--output_dir", str(output_dir), "--overwrite_output_dir",
+               "--train_file", str(corpus / "train.jsonl"), "--validation_file", str(corpus / "validation.jsonl"),
+               "--test_file", str(corpus / "test.jsonl"), "--source_lang", source, "--target_lang", target,
+               "--seed", str(args.seed), *(["--cpu_threads", str(args.cpu_threads)] if args.cpu_threads else []),
+               *flags]
+    load_before, started = loadavg(), time.perf_counter()
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(output_dir.parent / f"{corpus.name}-{variant}.log", "w") as stream:
+        subprocess.run(command, check=True, cwd=REPO, stdout=stream, stderr=subprocess.STDOUT,
+                       env={**os.environ, "TQDM_DISABLE": "1"})
+    wall = time.perf_counter() - started
+    results = json.loads((output_dir / "all_results.json").read_text())
+    train = json.loads((output_dir / "train_results.json").read_text())
+    config = json.loads((output_dir / "config.json").read_text())
+    keys = ("train_steps", "epoch", "stop_reason", "best_step", "best_metric", "predict_bleu", "predict_bleu_beam",
+            "train_cpu_threads", "train_samples")
+    return {"corpus": corpus.name, "variant": variant, "flags": " ".join(flags) or "(none)", "seed": args.seed,
+            "wall_minutes": round(wall / 60, 1), **{key: results.get(key) for key in keys},
+            "dropout": config.get("dropout"), "recipe": train.get("recipe", {}).get("description"),
+            "load": f"{load_before} -> {loadavg()}", "note": args.note, "machine": machine_info()}
+
+
+def table() -> str:
+    rows = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
+    machine = rows[-1]["machine"] if rows else {}
+    lines = ["# The default recipe against a sweep around it, on corpora unlike the shipped one", "",
+             "`python benchmarks/recipe_sweep.py CORPUS VARIANT...`: `python train.py` on the corpus with the variant's "
+             "flags and nothing else (the default row is what a user of that corpus gets). Validation BLEU (greedy) "
+             "of the kept model chooses; test BLEU greedy / beam 4 is reported once. sacreBLEU 13a.",
+             f"Last machine: {machine.get('cpu', '?')}, {machine.get('logical_cpus', '?')} logical CPUs; the load "
+             "column says what else ran.", "",
+             "| corpus | variant | flags | dropout | steps (epochs) | stopped by | wall | validation BLEU | test greedy / beam 4 | load, note | commit |",
+             "|---|---|---|---:|---:|---|---:|---:|---:|---|---|"]
+    for row in rows:
+        epochs = f"{row['epoch']:.3g}" if isinstance(row.get("epoch"), (int, float)) else "?"
+        lines.append(
+            f"| {row['corpus']} | {row['variant']} | `{row['flags']}` | {row['dropout']} | {row['train_steps']:,} "
+            f"({epochs}) | {row['stop_reason']} | {row['wall_minutes']} min | {row['best_metric']} | "
+            f"{row['predict_bleu']} / {row['predict_bleu_beam']} | {row['load']}; {row['note']} | "
+            f"{row['machine'].get('commit', '?')} |")
+    best = {}
+    for row in rows:
+        key = (row["corpus"], row["seed"])
+        best.setdefault(key, []).append(row)
+    lines += ["", "Gap between the default and the sweep's best (chosen on validation), per corpus and seed:", ""]
+    for (corpus, seed), group in best.items():
+        default = next((row for row in group if row["variant"] == "default"), None)
+        chosen = max(group, key=lambda row: row["best_metric"] or 0)
+        if default is None:
+            continue
+        lines.append(f"- {corpus}, seed {seed}: default validation {default['best_metric']} / test "
+                     f"{default['predict_bleu']} / {default['predict_bleu_beam']}; best on validation: "
+                     f"{chosen['variant']} {chosen['best_metric']} / test {chosen['predict_bleu']} / "
+                     f"{chosen['predict_bleu_beam']} (test gap greedy "
+                     f"{(chosen['predict_bleu'] or 0) - (default['predict_bleu'] or 0):+.2f}, beam "
+                     f"{(chosen['predict_bleu_beam'] or 0) - (default['predict_bleu_beam'] or 0):+.2f})")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("corpus", nargs="?", help="a corpus name under work/corpora, or a corpus directory")
+    parser.add_argument("variants", nargs="*", metavar="VARIANT", help=f"default: default; any of {', '.join(VARIANTS)}")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--cpu_threads", type=int, default=0, help="train.py's --cpu_threads (0: its default)")
+    parser.add_argument("--step_budget", type=int, default=4320,
+                        help="the default run's step budget, which the steps variants scale (4,320 with bf16 on a CPU "
+                             "with bf16 units, 3,600 in fp32)")
+    parser.add_argument("--note", default="", help="what else ran on the machine (written beside the figures)")
+    parser.add_argument("--output_root", type=Path, default=REPO / "outputs" / "recipe-sweep")
+    parser.add_argument("--table", action="store_true")
+    parser.add_argument("--list", action="store_true")
+    args = parser.parse_args()
+    if args.list:
+        print("\n".join(f"{name}: {' '.join(variant_flags(name, args.step_budget)) or '(none)'}" for name in VARIANTS))
+        return
+    if not args.table:
+        if not args.corpus:
+            parser.error("name a corpus (or --table / --list)")
+        corpus = Path(args.corpus) if Path(args.corpus).is_dir() else CORPORA / args.corpus
+        if not (corpus / "train.jsonl").is_file():
+            parser.error(f"{corpus} has no train.jsonl: build it with benchmarks/build_corpora.py")
+        for variant in args.variants or ["default"]:
+            variant_flags(variant, args.step_budget)  # an unknown name fails before any run
+        for variant in args.variants or ["default"]:
+            row = run(corpus, variant, args)
+            with open(RESULTS, "a") as stream:
+                stream.write(json.dumps(row, ensure_ascii=False) + "\n")
+            print(json.dumps({key: row[key] for key in ("corpus", "variant", "best_metric", "predict_bleu",
+                                                         "predict_bleu_beam", "wall_minutes")}), flush=True)
+    if RESULTS.exists():
+        RESULTS.with_suffix(".md").write_text(table())
+
+
+if __name__ == "__main__":
+    main()
