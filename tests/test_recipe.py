@@ -16,6 +16,7 @@ from hf_scratch_transformer.training.recipe import (
     BF16_CPU_STEP_BUDGET,
     DEFAULT_AUGMENTATION,
     DEFAULT_STEP_BUDGET,
+    dropout_for,
     resolve_recipe,
     run_length,
 )
@@ -137,8 +138,8 @@ def test_a_new_model_is_pre_norm_without_dropout_unless_asked_and_the_recipe_say
     paper = ScratchTransformerConfig.from_preset("tiny", vocab_size=100)
     assert (paper.normalize_before, paper.dropout) == (False, 0.1)  # the config class keeps the paper's
     line = next(line for line in recipe.lines() if line.startswith("new model: "))
-    assert line.startswith("new model: pre-norm and no dropout, where the config class keeps the paper's post-norm "
-                           "and dropout 0.1 (") and "18.76" in line and "21.31" in line
+    assert line.startswith("new model: pre-norm, where the config class keeps the paper's post-norm (") and \
+        "18.76" in line and "dropout by the epochs the run plans over its corpus: 0 up to 10 epochs, 0.1 beyond" in line
     # not size flags: a post-norm model with dropout given to --model_name_or_path is not contradicted
     assert "normalize_before" not in model_args.size_overrides() and model_args.dropout_overrides() == {}
     recipe, model_args, _ = recipe_of(tiny_run_flags(tmp_path, normalize_before=False, dropout=0.1,
@@ -150,14 +151,36 @@ def test_a_new_model_is_pre_norm_without_dropout_unless_asked_and_the_recipe_say
     assert recipe.new_model_settings == {} and "keeps its own settings" in recipe.describe()
 
 
-@pytest.mark.parametrize("flags, steps, warned", [({}, 300, True), ({}, 100, False), ({"dropout": 0.0}, 300, False),
-                                                  ({"model_name_or_path": "some/model"}, 300, False)])
-def test_a_long_run_without_dropout_is_warned_about_at_the_start(tmp_path, flags, steps, warned):
-    recipe, _, args = recipe_of(tiny_run_flags(tmp_path, max_steps=steps, **flags))
-    warning = recipe.dropout_warning(recipe.run_length(args, steps_per_epoch=10))
-    assert (warning is not None) == warned
-    if warned:
-        assert "30 epochs" in warning and "--dropout 0.1" in warning
+@pytest.mark.parametrize("steps, epochs, dropout", [(39, 3.9, 0.0), (100, 10, 0.0), (101, 10.1, 0.1), (460, 46, 0.1),
+                                                   (2000, 200, 0.1)])
+def test_a_new_model_gets_the_dropout_of_the_epochs_its_run_plans(tmp_path, steps, epochs, dropout):
+    recipe, model_args, args = recipe_of(tiny_run_flags(tmp_path, max_steps=steps))
+    resolved = recipe.for_run(recipe.run_length(args, steps_per_epoch=10))
+    assert resolved.planned_epochs == pytest.approx(epochs)
+    assert resolved.new_model_config(model_args, vocab_size=100).dropout == dropout == dropout_for(epochs)[0]
+    line = next(line for line in resolved.lines() if line.startswith("new model: "))
+    chosen = "no dropout" if dropout == 0 else f"dropout {dropout:g}"
+    assert f"; {chosen}, since this run plans {epochs:.3g} epochs (" in line
+    assert resolved.as_dict()["new_model_settings"]["dropout"] == dropout
+
+
+@pytest.mark.parametrize("flags", [{"dropout": 0.0}, {"dropout": 0.2}, {"model_name_or_path": "some/model"}])
+def test_the_users_dropout_or_a_loaded_models_wins_over_the_dropout_rule(tmp_path, flags):
+    recipe, model_args, args = recipe_of(tiny_run_flags(tmp_path, max_steps=2000, **flags))
+    resolved = recipe.for_run(recipe.run_length(args, steps_per_epoch=10))
+    assert "dropout" not in resolved.new_model_settings
+    if "dropout" in flags:
+        assert resolved.new_model_config(model_args, vocab_size=100).dropout == flags["dropout"]
+
+
+def test_a_streamed_corpus_or_a_resumed_run_keeps_the_dropout_it_has(tmp_path):
+    recipe, _, args = recipe_of(tiny_run_flags(tmp_path))
+    streamed = recipe.for_run(recipe.run_length(args, steps_per_epoch=None))
+    assert streamed.new_model_settings["dropout"] == 0.0 and "a streamed corpus" in streamed.dropout_line()
+    recipe, _, args = recipe_of(tiny_run_flags(tmp_path, max_steps=2000))  # 200 epochs: 0.1 for a new run
+    resumed = recipe.for_run(recipe.run_length(args, steps_per_epoch=10), resumed_dropout=0.0)
+    assert resumed.new_model_settings["dropout"] == 0.0
+    assert "as the checkpoint this run resumes was trained" in resumed.dropout_line()
 
 
 def test_a_training_run_prints_records_and_states_its_recipe(tmp_path, caplog):
@@ -167,13 +190,20 @@ def test_a_training_run_prints_records_and_states_its_recipe(tmp_path, caplog):
     messages = [record.getMessage() for record in caplog.records]
     printed = [message for message in messages if message.startswith("the recipe (")]
     assert len(printed) == 1  # once, at the start
-    assert any("trains without dropout by default" in message for message in messages)  # 60 steps: many epochs
+    # 60 steps over 40 pairs are many epochs: the recipe gives the new model dropout and says why
+    [chosen] = [message for message in messages if message.startswith("the recipe for this corpus: ")]
+    assert chosen.startswith("the recipe for this corpus: dropout 0.1, since this run plans 20 epochs (")
     recorded = json.loads((tmp_path / "out" / "train_results.json").read_text())["recipe"]
     assert recorded == results["recipe"]
     assert recorded["precision"] == "fp32" and recorded["new_model_settings"] == {"normalize_before": True,
-                                                                                  "dropout": 0.0}
+                                                                                  "dropout": 0.1}
+    assert recorded["planned_epochs"] == 20
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["dropout"] == 0.1
     assert recorded["augmentation"] == {**DEFAULT_AUGMENTATION.settings(), "source_typo_rate": 0.01}
-    assert all(f"  {line}" in printed[0] for line in recorded["description"])
+    # printed before the corpus is known: the dropout rule; recorded after: the dropout it chose
+    assert all(f"  {line}" in printed[0] for line in recorded["description"] if not line.startswith("new model: "))
+    assert "dropout by the epochs the run plans over its corpus" in printed[0]
+    assert recorded["description"][2].endswith(chosen.removeprefix("the recipe for this corpus: "))
     card = " ".join((tmp_path / "out" / "README.md").read_text().split())
     assert "The recipe (train.py's defaults, as resolved for this run): precision: fp32 (--bf16 false); " in card
     assert "typos in 1% of the source words" in card and "where the config class keeps the paper's" in card

@@ -128,6 +128,17 @@ def check_same_architecture(checkpoint: Path, config) -> None:
         )
 
 
+def saved_dropout(checkpoint: Path | None) -> float | None:
+    """The dropout the model of `checkpoint` was trained with (None: no checkpoint); check_same_architecture has
+    refused an unreadable config.json by the time it matters."""
+    if checkpoint is None:
+        return None
+    try:
+        return json.loads((checkpoint / "config.json").read_text()).get("dropout")
+    except (OSError, ValueError):
+        return None
+
+
 def check_same_settings(checkpoint: Path, saved: dict, current: dict) -> None:
     """The learning-rate schedule comes back from the checkpoint and the position in the data only means the
     same thing over the same batches: changed values would silently not apply, so they are refused."""

@@ -5,7 +5,8 @@ Where a flag leaves a choice open, the recipe makes it:
 - the **run length** (`run_length`, `RunLength`) when neither --max_steps nor --num_train_epochs is given;
 - the **precision** when neither --bf16 nor --fp16 is given: bf16 mixed precision where the CPU has bf16 matrix units,
   for a new model at least BF16_CPU_MIN_WIDTH wide, with BF16_CPU_STEP_BUDGET steps;
-- a **new model's** normalisation and dropout (NEW_MODEL_SETTINGS: pre-norm, no dropout);
+- a **new model's** normalisation and dropout (NEW_MODEL_SETTINGS: pre-norm; dropout by the epochs the run
+  plans over its corpus, DROPOUT_BY_EPOCHS, once the corpus is known: `Recipe.for_run`);
 - the **training-time noise** (DEFAULT_AUGMENTATION: the defaults of the augmentation flags);
 - **protected spans** (--mask_protected_spans, on by default): the spans both sides of a training pair share are
   masked by sentinel tokens (data/preprocessing.py), which a new tokenizer gets.
@@ -24,7 +25,7 @@ meaning "the recipe decides" (--bf16, --normalize_before, --dropout).
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -64,19 +65,43 @@ BF16_CPU_MIN_WIDTH = 256
 
 # The config fields the recipe sets on a new model (unless their flag is given), and why. Pre-norm: with the default
 # learning rate of 2e-3 it reached validation BLEU 18.76 at step 4,000 where post-norm at 1e-3 had 14.55, and
-# post-norm at 2e-3 fell far behind (benchmarks/results/recipe_ablation.md, stage 3). No dropout: in the 3,600-step
-# budget it reached validation BLEU 21.31 / 21.38 (seeds 42 / 7) where dropout 0.1 had 18.34 / 18.68 and 0.2 fell
-# behind (stage 4); it also draws no masks. A model fine-tuned with --model_name_or_path keeps its own.
+# post-norm at 2e-3 fell far behind (benchmarks/results/recipe_ablation.md, stage 3). Dropout: chosen by
+# DROPOUT_BY_EPOCHS once the corpus is known (Recipe.for_run); until then (and for a streamed corpus, whose epochs are
+# unknown) none. A model fine-tuned with --model_name_or_path keeps its own.
 NEW_MODEL_SETTINGS = {"normalize_before": True, "dropout": 0.0}
-NEW_MODEL_WHY = {
+NEW_MODEL_WHY = {  # what, the paper's, the flag for the paper's, why
     "normalize_before": ("pre-norm", "post-norm", "--normalize_before false",
                          "pre-norm at the default learning rate reached validation BLEU 18.76 where post-norm had "
                          "14.55 at 1e-3 and fell far behind at 2e-3"),
-    "dropout": ("no dropout", "dropout 0.1", "--dropout 0.1",
-                "in the step budget no dropout reached validation BLEU 21.31 / 21.38 where 0.1 had 18.34 / 18.68"),
 }
-# Above this many epochs a run without dropout is outside what was measured and likely to overfit: say so at the start.
-NO_DROPOUT_EPOCHS_WARNING = 10
+
+# A new model's dropout by the epochs its run plans over the training split (Recipe.for_run): the first row whose
+# bound the run stays within, (most epochs, dropout, why). A few epochs over a large corpus are under-training, where
+# dropout only slows learning; many epochs over a small corpus over-fit, where dropout pays, but within the step
+# budget a heavy dropout does not catch up (docs/training.md, "Dropout by the epochs a run plans";
+# benchmarks/results/recipe_sweep.md). The bound of 10 epochs lies between what was measured (3.9 and 7.2 epochs:
+# none; 46: 0.1), not at a measured edge.
+DROPOUT_BY_EPOCHS = (
+    (10.0, 0.0, "in the shipped corpus's 3.9 epochs no dropout reached validation BLEU 21.31 / 21.38 (seeds 42 / 7) "
+                "where 0.1 had 18.34 / 18.68"),
+    (math.inf, 0.1, "on 3,961 pairs of game text en->el (46 epochs) 0.1 reached validation BLEU 12.48 where none had "
+                    "11.76 and 0.3 only 8.34 (it learns too slowly for the step budget)"),
+)
+
+def dropout_for(epochs: float | None) -> tuple[float, str]:
+    """(dropout, why) of DROPOUT_BY_EPOCHS for a run planning `epochs` (None: a streamed corpus, a large one)."""
+    for bound, dropout, why in DROPOUT_BY_EPOCHS:
+        if epochs is None or epochs <= bound:
+            return dropout, why
+    raise AssertionError("DROPOUT_BY_EPOCHS ends with an unbounded row")
+
+
+def dropout_rule() -> str:
+    """DROPOUT_BY_EPOCHS in words."""
+    bounds = [f"{dropout:g} up to {bound:g} epochs" if bound != math.inf else f"{dropout:g} beyond"
+              for bound, dropout, _ in DROPOUT_BY_EPOCHS]
+    return "dropout by the epochs the run plans over its corpus: " + ", ".join(bounds)
+
 
 # ------------------------------------------------------------------------------------------------ the noise
 
@@ -165,6 +190,8 @@ class Recipe:
     augmentation: Augmentation = field(default_factory=Augmentation)
     loaded_model: bool = False  # --model_name_or_path: a new model's settings do not apply
     mask_protected_spans: bool = True  # --mask_protected_spans: shared spans masked by sentinel tokens
+    planned_epochs: float | None = None  # set by for_run once the corpus is known (None: not yet, or streamed)
+    resolved_for_run: bool = False
 
     def run_length(self, args, steps_per_epoch: int | None) -> RunLength:
         return run_length(args, steps_per_epoch, self.step_budget)
@@ -173,13 +200,13 @@ class Recipe:
         """A new model's config: the preset's, the recipe's new-model settings, then every size and dropout flag."""
         return model_args.build_config(vocab_size, **self.new_model_settings)
 
-    def dropout_warning(self, length: RunLength) -> str | None:
-        """A line to log when a new model gets the recipe's no-dropout for a run of many epochs (a small corpus)."""
-        if self.new_model_settings.get("dropout") != 0 or not length.epochs or \
-                length.epochs <= NO_DROPOUT_EPOCHS_WARNING:
-            return None
-        return (f"a new model trains without dropout by default (chosen for runs of a few epochs), and this run "
-                f"plans {length.epochs:.3g} epochs: on a small corpus give --dropout 0.1 or more")
+    def for_run(self, length: RunLength, resumed_dropout: float | None = None) -> "Recipe":
+        """The recipe once the corpus is known: a new model without --dropout gets DROPOUT_BY_EPOCHS's dropout for
+        the epochs `length` plans, or, resuming, the dropout its checkpoint was trained with (`resumed_dropout`)."""
+        settings = dict(self.new_model_settings)
+        if "dropout" in settings:
+            settings["dropout"] = resumed_dropout if resumed_dropout is not None else dropout_for(length.epochs)[0]
+        return replace(self, new_model_settings=settings, planned_epochs=length.epochs, resolved_for_run=True)
 
     def lines(self) -> list[str]:
         """The recipe in words, one line per rule."""
@@ -200,7 +227,8 @@ class Recipe:
         """train_results.json's "recipe" entry."""
         return {"precision": self.precision, "step_budget": self.step_budget,
                 "new_model_settings": dict(self.new_model_settings), "augmentation": self.augmentation.settings(),
-                "mask_protected_spans": self.mask_protected_spans, "description": self.lines()}
+                "mask_protected_spans": self.mask_protected_spans, "planned_epochs": self.planned_epochs,
+                "description": self.lines()}
 
     def _protected_spans_line(self) -> str:
         if not self.mask_protected_spans:
@@ -217,9 +245,26 @@ class Recipe:
             return "none: the model given to --model_name_or_path keeps its own settings"
         if not self.new_model_settings:
             return "as its flags give it (the recipe changes nothing of the config class's defaults)"
-        what, paper, flag, why = zip(*(NEW_MODEL_WHY[name] for name in self.new_model_settings))
-        return (f"{' and '.join(what)}, where the config class keeps the paper's {' and '.join(paper)} "
-                f"({'; '.join(why)}: benchmarks/results/recipe_ablation.md); {' / '.join(flag)} for the paper's")
+        parts = []
+        if "normalize_before" in self.new_model_settings:
+            what, paper, flag, why = NEW_MODEL_WHY["normalize_before"]
+            parts.append(f"{what}, where the config class keeps the paper's {paper} ({why}: "
+                         f"benchmarks/results/recipe_ablation.md; {flag} for the paper's)")
+        if "dropout" in self.new_model_settings:
+            parts.append(self.dropout_line())
+        return "; ".join(parts)
+
+    def dropout_line(self) -> str:
+        if not self.resolved_for_run:
+            return f"{dropout_rule()}, chosen once the corpus is known (--dropout to choose)"
+        dropout, why = dropout_for(self.planned_epochs)
+        if self.new_model_settings["dropout"] != dropout:
+            return f"dropout {self.new_model_settings['dropout']:g}, as the checkpoint this run resumes was trained"
+        plans = (f"this run plans {self.planned_epochs:.3g} epochs" if self.planned_epochs is not None
+                 else "a streamed corpus (its epochs are unknown, taken as few)")
+        chosen = "no dropout" if dropout == 0 else f"dropout {dropout:g}"
+        return (f"{chosen}, since {plans} ({dropout_rule()}; {why}: docs/training.md), where the config class keeps "
+                f"the paper's 0.1; --dropout to choose")
 
 
 def bf16_pays_on(device: torch.device) -> bool:

@@ -37,6 +37,7 @@ from .checkpointing import (
     declare_tied_weights,
     list_checkpoints,
     quiet_save_warnings,
+    saved_dropout,
 )
 from ..configuration_scratch_transformer import ScratchTransformerConfig
 from ..data.loading import CorpusError, DataArguments, load_parallel_corpus
@@ -126,17 +127,21 @@ def _run_training(model_args: ModelArguments, data_args: DataArguments, args: Ru
     tokenizer = _tokenizer(raw, data_args, args, accelerator, checkpoint, pretrained)
     data = _prepare_data(raw, tokenizer, data_args, args, accelerator)
     paraphrases = read_paraphrases(raw["train"], tokenizer, data_args, recipe.augmentation) if args.do_train else {}
-    model = _model(model_args, data_args, args, recipe, tokenizer, pretrained, checkpoint, data)
     collator = make_collator(tokenizer)
+    batches = _training_batches(data, collator, tokenizer, paraphrases, data_args, args, recipe, accelerator)
+    if batches is not None:  # the corpus is known: the recipe's choices that depend on it
+        recipe = recipe.for_run(recipe.run_length(args, batches.steps_per_epoch(args.gradient_accumulation_steps)),
+                                saved_dropout(checkpoint))
+        if accelerator.is_main_process and "dropout" in recipe.new_model_settings:
+            logger.info(f"the recipe for this corpus: {recipe.dropout_line()}")
+    model = _model(model_args, data_args, args, recipe, tokenizer, pretrained, checkpoint, data)
     evaluator = Evaluator(accelerator, model, tokenizer, data, collator, data_args, args)
     phases, trainer = {}, None
     if args.do_train:
-        trainer = _training_loop(accelerator, model, tokenizer, data, collator, paraphrases, evaluator, data_args, args,
-                                 recipe)
+        trainer = TrainingLoop(accelerator, model, tokenizer, batches, evaluator, args, data_args, recipe,
+                               output_dir, active_callbacks())
         if checkpoint is not None:
             trainer.resume(checkpoint)
-        if (warning := recipe.dropout_warning(trainer.length)) and accelerator.is_main_process:
-            logger.warning(warning)
         trainer.state.data_fingerprint = fingerprint
         if trackers(args):
             start_tracker_logs(accelerator, _hyperparameters(model_args, data_args, args))
@@ -296,18 +301,17 @@ def _model(model_args: ModelArguments, data_args: DataArguments, args: RunArgume
     return model
 
 
-def _training_loop(accelerator, model, tokenizer, data: TrainingData, collator, paraphrases: dict,
-                   evaluator: Evaluator, data_args: DataArguments, args: RunArguments, recipe: Recipe) -> TrainingLoop:
-    """The training loop over this process's batches, `collator`'s with the recipe's augmentation, and the callbacks
-    of the enclosing `loop.training_callbacks` blocks."""
+def _training_batches(data: TrainingData, collator, tokenizer, paraphrases: dict, data_args: DataArguments,
+                      args: RunArguments, recipe: Recipe, accelerator) -> TrainingBatches | None:
+    """This process's training batches, `collator`'s with the recipe's augmentation (None without --do_train)."""
+    if not args.do_train:
+        return None
     collator = noise_collator(collator, tokenizer, recipe.augmentation, seed=args.seed,
                               max_source_length=data_args.max_source_length,
                               max_target_length=data_args.max_target_length, paraphrases=paraphrases)
-    batches = TrainingBatches(data.datasets["train"], collator, data_args, args.per_device_train_batch_size,
-                              args.seed, accelerator.num_processes, accelerator.process_index,
-                              args.dataloader_num_workers)
-    return TrainingLoop(accelerator, model, tokenizer, batches, evaluator, args, data_args, recipe,
-                        Path(args.output_dir), active_callbacks())
+    return TrainingBatches(data.datasets["train"], collator, data_args, args.per_device_train_batch_size,
+                           args.seed, accelerator.num_processes, accelerator.process_index,
+                           args.dataloader_num_workers)
 
 
 def _train(trainer: TrainingLoop, model, data: TrainingData, args: RunArguments, output_dir: Path) -> dict:
