@@ -16,13 +16,16 @@ machine, load and `--note`. The choice between variants is made on validation BL
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import loadavg, machine_info
+from common import git_commit, loadavg, machine_info
+
+from hf_scratch_transformer.training.recipe import dropout_for
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "recipe_sweep.jsonl"
@@ -59,6 +62,8 @@ def run(corpus: Path, variant: str, args) -> dict:
     source, target = languages(corpus)
     output_dir = args.output_root / f"{corpus.name}-{variant}"
     flags = variant_flags(variant, args.step_budget)
+    if args.record_only:  # a run made before, whose row was not written: read its output directory
+        return row(corpus, variant, flags, output_dir, args, wall=None, load="(recorded afterwards)")
     command = [sys.executable, str(REPO / "train.py"), "--output_dir", str(output_dir), "--overwrite_output_dir",
                "--train_file", str(corpus / "train.jsonl"), "--validation_file", str(corpus / "validation.jsonl"),
                "--test_file", str(corpus / "test.jsonl"), "--source_lang", source, "--target_lang", target,
@@ -69,16 +74,30 @@ def run(corpus: Path, variant: str, args) -> dict:
     with open(output_dir.parent / f"{corpus.name}-{variant}.log", "w") as stream:
         subprocess.run(command, check=True, cwd=REPO, stdout=stream, stderr=subprocess.STDOUT,
                        env={**os.environ, "TQDM_DISABLE": "1"})
-    wall = time.perf_counter() - started
+    return row(corpus, variant, flags, output_dir, args, time.perf_counter() - started,
+               f"{load_before} -> {loadavg()}")
+
+
+def row(corpus: Path, variant: str, flags: list[str], output_dir: Path, args, wall: float | None, load: str) -> dict:
+    """The results row of a finished run in `output_dir`."""
     results = json.loads((output_dir / "all_results.json").read_text())
     train = json.loads((output_dir / "train_results.json").read_text())
     config = json.loads((output_dir / "config.json").read_text())
-    keys = ("train_steps", "epoch", "stop_reason", "best_step", "best_metric", "predict_bleu", "predict_bleu_beam",
-            "train_cpu_threads", "train_samples")
+    keys = ("train_steps", "epoch", "stop_reason", "best_step", "best_metric", "predict_bleu_greedy", "predict_bleu",
+            "train_cpu_threads", "train_samples", "total_runtime")
+    # the epochs the run planned (what the recipe's dropout rule reads): its steps per epoch from what it trained,
+    # its planned steps from --max_steps or the run-length rule (at most the step budget and 100 epochs)
+    per_epoch = results["train_steps"] / results["epoch"]
+    planned = (int(flags[flags.index("--max_steps") + 1]) if "--max_steps" in flags
+               else min(args.step_budget, math.ceil(100 * per_epoch)))
     return {"corpus": corpus.name, "variant": variant, "flags": " ".join(flags) or "(none)", "seed": args.seed,
-            "wall_minutes": round(wall / 60, 1), **{key: results.get(key) for key in keys},
+            "planned_epochs": round(planned / per_epoch, 2),
+            # recorded afterwards: train.py's own total_runtime (start to the results, without the interpreter's start)
+            "wall_minutes": round((wall if wall is not None else results["total_runtime"]) / 60, 1),
+            **{key: results.get(key) for key in keys},
             "dropout": config.get("dropout"), "recipe": train.get("recipe", {}).get("description"),
-            "load": f"{load_before} -> {loadavg()}", "note": args.note, "machine": machine_info()}
+            "load": load, "note": args.note, "machine": machine_info(threads=args.cpu_threads),
+            "commit": args.commit or git_commit()}
 
 
 def table() -> str:
@@ -86,35 +105,32 @@ def table() -> str:
     machine = rows[-1]["machine"] if rows else {}
     lines = ["# The default recipe against a sweep around it, on corpora unlike the shipped one", "",
              "`python benchmarks/recipe_sweep.py CORPUS VARIANT...`: `python train.py` on the corpus with the variant's "
-             "flags and nothing else (the default row is what a user of that corpus gets). Validation BLEU (greedy) "
-             "of the kept model chooses; test BLEU greedy / beam 4 is reported once. sacreBLEU 13a.",
-             f"Last machine: {machine.get('cpu', '?')}, {machine.get('logical_cpus', '?')} logical CPUs; the load "
-             "column says what else ran.", "",
-             "| corpus | variant | flags | dropout | steps (epochs) | stopped by | wall | validation BLEU | test greedy / beam 4 | load, note | commit |",
-             "|---|---|---|---:|---:|---|---:|---:|---:|---|---|"]
+             "flags and nothing else. Validation BLEU (greedy, of the kept model) chooses; test BLEU greedy / beam 4 "
+             "is reported once. sacreBLEU 13a. The recipe's column: the dropout train.py's recipe gives that corpus "
+             "(`training.recipe.dropout_for` of the planned epochs), i.e. which row is the default run.",
+             f"Last machine: {machine.get('cpu', '?')}, {machine.get('logical_cpus', '?')} logical CPUs, AMX "
+             f"{'yes' if machine.get('amx') else 'no'}; the load column says what else ran.", "",
+             "| corpus | variant | flags | dropout | the recipe's dropout | steps (epochs) | stopped by | wall | "
+             "validation BLEU | test greedy / beam 4 | load, note | commit |",
+             "|---|---|---|---:|---:|---:|---|---:|---:|---:|---|---|"]
     for row in rows:
         epochs = f"{row['epoch']:.3g}" if isinstance(row.get("epoch"), (int, float)) else "?"
+        planned = row.get("planned_epochs")
         lines.append(
-            f"| {row['corpus']} | {row['variant']} | `{row['flags']}` | {row['dropout']} | {row['train_steps']:,} "
-            f"({epochs}) | {row['stop_reason']} | {row['wall_minutes']} min | {row['best_metric']} | "
-            f"{row['predict_bleu']} / {row['predict_bleu_beam']} | {row['load']}; {row['note']} | "
-            f"{row['machine'].get('commit', '?')} |")
-    best = {}
+            f"| {row['corpus']} | {row['variant']} | `{row['flags']}` | {row['dropout']} | "
+            f"{dropout_for(planned)[0] if planned else '?'} ({planned} epochs planned) | {row['train_steps']:,} ({epochs}) | "
+            f"{row['stop_reason']} | {row['wall_minutes']} min | {row['best_metric']} | "
+            f"{row['predict_bleu_greedy']} / {row['predict_bleu']} | {row['load']}; {row['note']} | "
+            f"{row.get('commit', '?')} |")
+    groups = {}
     for row in rows:
-        key = (row["corpus"], row["seed"])
-        best.setdefault(key, []).append(row)
-    lines += ["", "Gap between the default and the sweep's best (chosen on validation), per corpus and seed:", ""]
-    for (corpus, seed), group in best.items():
-        default = next((row for row in group if row["variant"] == "default"), None)
+        groups.setdefault((row["corpus"], row["seed"]), []).append(row)
+    lines += ["", "The best variant on validation, per corpus and seed:", ""]
+    for (corpus, seed), group in groups.items():
         chosen = max(group, key=lambda row: row["best_metric"] or 0)
-        if default is None:
-            continue
-        lines.append(f"- {corpus}, seed {seed}: default validation {default['best_metric']} / test "
-                     f"{default['predict_bleu']} / {default['predict_bleu_beam']}; best on validation: "
-                     f"{chosen['variant']} {chosen['best_metric']} / test {chosen['predict_bleu']} / "
-                     f"{chosen['predict_bleu_beam']} (test gap greedy "
-                     f"{(chosen['predict_bleu'] or 0) - (default['predict_bleu'] or 0):+.2f}, beam "
-                     f"{(chosen['predict_bleu_beam'] or 0) - (default['predict_bleu_beam'] or 0):+.2f})")
+        lines.append(f"- {corpus}, seed {seed}: {chosen['variant']} (validation {chosen['best_metric']}, test "
+                     f"{chosen['predict_bleu_greedy']} / {chosen['predict_bleu']}) of "
+                     f"{', '.join(row['variant'] for row in group)}")
     return "\n".join(lines) + "\n"
 
 
@@ -129,6 +145,9 @@ def main() -> None:
                              "with bf16 units, 3,600 in fp32)")
     parser.add_argument("--note", default="", help="what else ran on the machine (written beside the figures)")
     parser.add_argument("--output_root", type=Path, default=REPO / "outputs" / "recipe-sweep")
+    parser.add_argument("--record_only", action="store_true",
+                        help="write the rows of runs already made in --output_root (no training)")
+    parser.add_argument("--commit", help="with --record_only: the commit the runs were made at")
     parser.add_argument("--table", action="store_true")
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args()
@@ -147,8 +166,8 @@ def main() -> None:
             row = run(corpus, variant, args)
             with open(RESULTS, "a") as stream:
                 stream.write(json.dumps(row, ensure_ascii=False) + "\n")
-            print(json.dumps({key: row[key] for key in ("corpus", "variant", "best_metric", "predict_bleu",
-                                                         "predict_bleu_beam", "wall_minutes")}), flush=True)
+            print(json.dumps({key: row[key] for key in ("corpus", "variant", "best_metric", "predict_bleu_greedy",
+                                                         "predict_bleu", "wall_minutes")}), flush=True)
     if RESULTS.exists():
         RESULTS.with_suffix(".md").write_text(table())
 
