@@ -21,17 +21,21 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from common import git_commit, loadavg, machine_info
 
-from hf_scratch_transformer.training.recipe import dropout_for
+from hf_scratch_transformer.data.loading import DataArguments
+from hf_scratch_transformer.training.recipe import BF16_CPU_STEP_BUDGET, DEFAULT_STEP_BUDGET, dropout_for
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "recipe_sweep.jsonl"
 CORPORA = REPO / "work" / "corpora"  # build_corpora.py's default output
 
-DEFAULT_MAX_TOKENS, DEFAULT_VOCAB = 1024, 4000  # train.py's --max_tokens and --tokenizer_vocab_size defaults
+# train.py's --max_tokens and --tokenizer_vocab_size defaults, which the steps and bpe variants scale
+DEFAULT_MAX_TOKENS, DEFAULT_VOCAB = (next(f.default for f in fields(DataArguments) if f.name == name)
+                                     for name in ("max_tokens", "tokenizer_vocab_size"))
 
 
 def variant_flags(name: str, step_budget: int) -> list[str]:
@@ -140,9 +144,9 @@ def main() -> None:
     parser.add_argument("variants", nargs="*", metavar="VARIANT", help=f"default: default; any of {', '.join(VARIANTS)}")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--cpu_threads", type=int, default=0, help="train.py's --cpu_threads (0: its default)")
-    parser.add_argument("--step_budget", type=int, default=4320,
-                        help="the default run's step budget, which the steps variants scale (4,320 with bf16 on a CPU "
-                             "with bf16 units, 3,600 in fp32)")
+    parser.add_argument("--step_budget", type=int, default=BF16_CPU_STEP_BUDGET,
+                        help=f"the default run's step budget, which the steps variants scale ({BF16_CPU_STEP_BUDGET:,} "
+                             f"with bf16 on a CPU with bf16 units, {DEFAULT_STEP_BUDGET:,} in fp32)")
     parser.add_argument("--note", default="", help="what else ran on the machine (written beside the figures)")
     parser.add_argument("--output_root", type=Path, default=REPO / "outputs" / "recipe-sweep")
     parser.add_argument("--record_only", action="store_true",

@@ -88,6 +88,7 @@ DROPOUT_BY_EPOCHS = (
                     "11.76 and 0.3 only 8.34 (it learns too slowly for the step budget)"),
 )
 
+
 def dropout_for(epochs: float | None) -> tuple[float, str]:
     """(dropout, why) of DROPOUT_BY_EPOCHS for a run planning `epochs` (None: a streamed corpus, a large one)."""
     for bound, dropout, why in DROPOUT_BY_EPOCHS:
@@ -255,6 +256,7 @@ class Recipe:
         return "; ".join(parts)
 
     def dropout_line(self) -> str:
+        """A new model's dropout in words: the rule before the corpus is known, then what it chose and why."""
         if not self.resolved_for_run:
             return f"{dropout_rule()}, chosen once the corpus is known (--dropout to choose)"
         dropout, why = dropout_for(self.planned_epochs)
