@@ -1,0 +1,163 @@
+"""greedy_decoding.py: a call for plain greedy search gives transformers' generate() tokens (and step scores) from the
+package's own loop; every other call is transformers' generate() itself."""
+
+import re
+
+import pytest
+import torch
+from helpers import train_on_pairs
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, TextStreamer
+from transformers.generation.logits_process import SuppressTokensLogitsProcessor
+
+from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration
+from hf_scratch_transformer.greedy_decoding import greedy_search, plain_greedy
+from hf_scratch_transformer.translation_core import DecodingOptions, SourceLengthBound, TorchBackend, translate_batches
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+GENERATION = dict(decoder_start_token_id=1, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+@pytest.fixture(scope="module")
+def trained(pairs, tiny_tokenizer):
+    """A tiny model trained briefly on the pairs (post-norm, as train.py's): rows end at different steps."""
+    model, _ = train_on_pairs(pairs, tiny_tokenizer, steps=60)
+    model.generation_config = GenerationConfig(**GENERATION, max_new_tokens=47, num_beams=4, early_stopping=True)
+    return model
+
+
+@pytest.fixture(scope="module")
+def batch(pairs, tiny_tokenizer):
+    return tiny_tokenizer([source for source, _ in pairs], padding=True, return_tensors="pt")
+
+
+def takes_the_loop(model, batch, options: dict) -> bool:
+    """Whether model.generate(**batch, **options) runs greedy_search (plain_greedy sees what generate() passes it)."""
+    options = dict(options)
+    generation_config = options.pop("generation_config", None)
+    return plain_greedy(model, None, generation_config, {**batch, **options}) is not None
+
+
+def transformers_generate(model, *args, **kwargs):
+    """transformers' own generate(), which the model's generate() hands every call but plain greedy ones."""
+    return GenerationMixin.generate(model, *args, **kwargs)
+
+
+@pytest.mark.parametrize("options", [
+    {"num_beams": 1},  # the saved max_new_tokens 47
+    {"num_beams": 1, "max_new_tokens": 7},
+    {"num_beams": 1, "max_new_tokens": 20, "min_new_tokens": 10},
+    {"num_beams": 1, "min_length": 12, "max_length": 30},
+    {"num_beams": 1, "max_new_tokens": 15, "eos_token_id": [2, 7], "min_new_tokens": 3},
+    {"num_beams": 1, "length_penalty": 1.3, "temperature": 0.7},  # read by beam search and sampling only
+    {"generation_config": GenerationConfig(**GENERATION, max_new_tokens=9, num_beams=1)},
+], ids=["saved", "short", "min_new_tokens", "min_length", "two_eos", "ignored_settings", "generation_config"])
+def test_plain_greedy_gives_the_tokens_of_transformers_generate(trained, batch, options):
+    assert takes_the_loop(trained, batch, options)
+    ours = trained.generate(**batch, **options)
+    reference = transformers_generate(trained, **batch, **options)
+    assert torch.equal(ours, reference)
+    assert ours.shape[1] > 3
+
+
+def test_rows_end_at_different_steps_and_are_padded_as_generate_pads_them(trained, batch):
+    ours = trained.generate(**batch, num_beams=1)
+    ended = (ours == 2).int().argmax(dim=1)
+    assert len(set(ended.tolist())) > 1, "every row ended at the same step: the case is not exercised"
+    assert (ours == 0).any()
+    assert torch.equal(ours, transformers_generate(trained, **batch, num_beams=1))
+
+
+def test_inputs_without_a_mask_and_positional_inputs(trained, batch):
+    """generate() infers no mask for an encoder-decoder model (every position counts), and takes the ids positionally."""
+    ids = batch["input_ids"]
+    assert torch.equal(trained.generate(ids, num_beams=1), transformers_generate(trained, ids, num_beams=1))
+
+
+def test_a_pre_norm_model_with_gelu(batch):
+    torch.manual_seed(3)
+    config = ScratchTransformerConfig.from_preset("tiny", vocab_size=99, dropout=0.0, normalize_before=True,
+                                                  activation_function="gelu", scale_embedding=False)
+    model = ScratchTransformerForConditionalGeneration(config).eval()
+    ids = batch["input_ids"].clamp(max=98)
+    mask = batch["attention_mask"]
+    options = dict(GENERATION, max_new_tokens=12, num_beams=1)
+    assert plain_greedy(model, ids, None, {"attention_mask": mask, **options}) is not None
+    assert torch.equal(model.generate(ids, attention_mask=mask, **options),
+                       transformers_generate(model, ids, attention_mask=mask, **options))
+
+
+@pytest.mark.parametrize("options", [
+    {"num_beams": 3},
+    {"num_beams": 1, "do_sample": True},
+    {"num_beams": 1, "repetition_penalty": 1.5},
+    {"num_beams": 1, "no_repeat_ngram_size": 2},
+    {"num_beams": 1, "forced_eos_token_id": 2},
+    {"num_beams": 1, "output_scores": True, "return_dict_in_generate": True},
+    {"num_beams": 1, "cache_implementation": "static"},
+    {"num_beams": 1, "decoder_input_ids": torch.tensor([[1, 40]] * 6)},
+    {"num_beams": 1, "logits_processor": LogitsProcessorList([SuppressTokensLogitsProcessor([40])])},
+    {"num_beams": 1, "stopping_criteria": [SourceLengthBound([3] * 6)]},
+    {"num_beams": 1, "num_return_sequences": 2},  # refused by transformers
+    {"num_beams": 1, "output_attentions": True, "return_dict_in_generate": True},
+    {"generation_config": GenerationConfig(**GENERATION, max_new_tokens=9)},  # the model's num_beams 4 fills it in
+], ids=["beams", "sampling", "repetition_penalty", "no_repeat_ngram", "forced_eos", "scores", "static_cache", "prefix",
+        "logits_processor", "stopping_criteria", "num_return_sequences", "attentions",
+        "generation_config_without_num_beams"])
+def test_every_other_call_is_transformers_generate(trained, batch, options):
+    assert not takes_the_loop(trained, batch, options)
+    if options.get("do_sample"):
+        return  # sampled tokens differ from call to call; that the call is generate()'s is what matters
+    try:
+        reference = transformers_generate(trained, **batch, **options)
+    except ValueError as error:  # a call transformers refuses is refused the same way
+        with pytest.raises(ValueError, match=re.escape(str(error))):
+            trained.generate(**batch, **options)
+        return
+    ours = trained.generate(**batch, **options)
+    if isinstance(ours, torch.Tensor):
+        assert torch.equal(ours, reference)
+    else:
+        assert torch.equal(ours.sequences, reference.sequences)
+
+
+def test_a_streamer_a_model_in_training_and_the_eager_kernel_take_generate(trained, batch, tiny_tokenizer):
+    assert plain_greedy(trained, None, None, {**batch, "num_beams": 1, "streamer": TextStreamer(tiny_tokenizer)}) is None
+    trained.train()
+    try:
+        assert plain_greedy(trained, None, None, {**batch, "num_beams": 1}) is None
+    finally:
+        trained.eval()
+    trained.config._attn_implementation = "eager"
+    try:
+        assert plain_greedy(trained, None, None, {**batch, "num_beams": 1}) is None
+    finally:
+        trained.config._attn_implementation = "sdpa"
+
+
+def test_bounds_per_row_and_step_log_probs_are_generate_s(trained, batch):
+    """What the translation backend asks for: each row its own bound on new tokens, and the log-probability of each
+    emitted token (generate()'s compute_transition_scores with normalized logits)."""
+    bounds = [3, 47, 5, 47, 1, 20]
+    sequences, log_probs = greedy_search(trained, batch["input_ids"], batch["attention_mask"], torch.tensor(bounds),
+                                         eos_token_ids=[2], pad_token_id=0, decoder_start_token_id=1,
+                                         with_log_probs=True)
+    output = transformers_generate(trained, **batch, num_beams=1, max_new_tokens=max(bounds), return_dict_in_generate=True,
+                                   output_scores=True, stopping_criteria=[SourceLengthBound(bounds)])
+    assert torch.equal(sequences, output.sequences)
+    expected = trained.compute_transition_scores(output.sequences, output.scores, normalize_logits=True)
+    assert torch.allclose(log_probs, expected, atol=1e-5)
+    for row, bound in enumerate(bounds):
+        assert (sequences[row, 1 + bound :] == 0).all()
+
+
+def test_the_translation_backend_gives_the_hypotheses_and_scores_of_generate(trained, tiny_tokenizer, pairs,
+                                                                             monkeypatch):
+    sources = [source for source, _ in pairs] + ["", pairs[0][0] * 3]
+    options = DecodingOptions(num_beams=1, with_scores=True, max_len_a=0.5, max_len_b=2)  # bounds differ per source
+    fast = translate_batches(TorchBackend(trained), tiny_tokenizer, sources, options)
+    monkeypatch.setattr(TorchBackend, "_plain_greedy", lambda *args: None)
+    reference = translate_batches(TorchBackend(trained), tiny_tokenizer, sources, options)
+    assert [[h.token_ids for h in row] for row in fast] == [[h.token_ids for h in row] for row in reference]
+    assert [h.score for row in fast for h in row] == pytest.approx([h.score for row in reference for h in row],
+                                                                    abs=1e-5)
