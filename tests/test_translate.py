@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from hf_scratch_transformer import translation_pipeline
 from hf_scratch_transformer.translation import cli
 from hf_scratch_transformer.translation.translate import ModelLoadError, load_model_and_tokenizer, translate
-from hf_scratch_transformer.translation_core import format_alignment, hard_alignment
+from hf_scratch_transformer.translation_core import TorchBackend, format_alignment, hard_alignment
 
 
 # ------------------------------------------------------------------------------------------------------------- loading
@@ -205,7 +205,7 @@ def test_texts_that_are_not_strings_are_named_in_one_line(trained_model, texts, 
 def test_decoding_options_are_refused_by_name_before_any_work(trained_model, option, value, requirement,
                                                               monkeypatch):
     model, tokenizer, _ = trained_model
-    monkeypatch.setattr(type(model), "generate", lambda *a, **k: pytest.fail("generate() ran"))
+    monkeypatch.setattr(TorchBackend, "generate", lambda *a, **k: pytest.fail("decoding ran"))
     kwargs = {"num_beams": 2} if option == "num_return_sequences" else {}
     with pytest.raises(ValueError) as error:
         translate(model, tokenizer, ["Jesus wept."], **{**kwargs, option: value})

@@ -20,6 +20,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig,
 
 from hf_scratch_transformer import ScratchTransformerForConditionalGeneration, TranslationPipeline, translation_pipeline
 from hf_scratch_transformer.translation import cli
+from hf_scratch_transformer.translation_core import TorchBackend
 from hf_scratch_transformer.training.run_directory import RUN_STATE_FILE
 from hf_scratch_transformer.training.run import main
 from hf_scratch_transformer.translation.translate import ModelLoadError, load_model_and_tokenizer, translate
@@ -94,14 +95,14 @@ def test_decoding_stops_at_a_times_source_length_plus_b(endless_model, num_beams
 
 
 def test_the_command_line_bounds_translations_by_default(trained_model_dir, monkeypatch, capsys):
-    asked = []
-    original = ScratchTransformerForConditionalGeneration.generate
+    asked = []  # (source tokens, bound on new tokens) of every decoding call (one sentence each)
+    original = TorchBackend.generate
 
-    def generate(self, *args, **kwargs):
-        asked.append((kwargs["input_ids"].shape[1], kwargs.get("max_new_tokens")))
-        return original(self, *args, **kwargs)
+    def generate(self, source_ids, bounds, *args, **kwargs):
+        asked.append((len(source_ids[0]), bounds[0]))
+        return original(self, source_ids, bounds, *args, **kwargs)
 
-    monkeypatch.setattr(ScratchTransformerForConditionalGeneration, "generate", generate)
+    monkeypatch.setattr(TorchBackend, "generate", generate)
     assert cli.main(["--model", str(trained_model_dir), "Jesus wept."]) == 0
     assert cli.main(["--model", str(trained_model_dir), "--max_len_a", "2", "--max_len_b", "1", "Jesus wept."]) == 0
     assert cli.main(["--model", str(trained_model_dir), "--max_len_a", "0", "--max_len_b", "0", "Jesus wept."]) == 0
@@ -197,14 +198,14 @@ def test_do_predict_alone_writes_predictions_in_input_order(trained_model, tmp_p
 
 
 def test_validation_and_test_decoding_are_bounded(trained_model_dir, tmp_path, monkeypatch):
-    asked = []
-    original = ScratchTransformerForConditionalGeneration.generate
+    asked = []  # (longest source, largest bound on new tokens, beams) of every decoding call
+    original = TorchBackend.generate
 
-    def generate(self, *args, **kwargs):
-        asked.append((kwargs["input_ids"].shape[1], kwargs.get("max_new_tokens"), kwargs.get("num_beams")))
-        return original(self, *args, **kwargs)
+    def generate(self, source_ids, bounds, num_beams, *args, **kwargs):
+        asked.append((max(map(len, source_ids)), max(bounds), num_beams))
+        return original(self, source_ids, bounds, num_beams, *args, **kwargs)
 
-    monkeypatch.setattr(ScratchTransformerForConditionalGeneration, "generate", generate)
+    monkeypatch.setattr(TorchBackend, "generate", generate)
     flags = finetune_flags(tmp_path / "out", trained_model_dir, do_eval=True, do_predict=True, num_beams=2,
                            eval_max_new_tokens=30, max_len_a=0.1, max_len_b=1, per_device_eval_batch_size=2)
     assert main(flags, MODEL_CARD_TEMPLATE) == 0
