@@ -65,7 +65,8 @@ def prepare(work: Path, test_sentences: int) -> dict:
     raw = load_parallel_corpus(data_args)
     tokenizer = train_tokenizer_on_corpus(raw["train"], data_args.source_lang, data_args.target_lang,
                                           vocab_size=data_args.tokenizer_vocab_size,
-                                          max_sentences=data_args.tokenizer_max_sentences, seed=42)
+                                          max_sentences=data_args.tokenizer_max_sentences, seed=42,
+                                          sentinels=data_args.mask_protected_spans)  # as train.py trains it
     train = preprocess_corpus({"train": raw["train"]}, tokenizer, data_args)[0]["train"]
     special = set(tokenizer.all_special_ids)
 
