@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from transformers import GenerationConfig
 
 # Settings that change nothing in greedy search or that `greedy_search` implements itself; any other setting of a
 # generation config must be unset or at transformers' neutral default for a call to take this path.
@@ -99,8 +100,13 @@ def plain_greedy(model, inputs, generation_config, kwargs: dict) -> GreedyCall |
 
 
 def settings_are_plain(config) -> bool:
-    """Whether a merged GenerationConfig asks for nothing beyond plain greedy search."""
+    """Whether a merged GenerationConfig asks for nothing beyond plain greedy search. Custom entries (keys that
+    GenerationConfig does not define, such as train.py's `max_sentence_tokens` for translate_texts) are not read by
+    generate() and do not count."""
+    known = GenerationConfig().to_dict()
     for key, value in config.to_dict().items():
+        if key not in known:
+            continue
         if key in HANDLED_SETTINGS:
             if key in REQUIRED_VALUES and value != REQUIRED_VALUES[key]:
                 return False

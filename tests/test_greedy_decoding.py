@@ -60,6 +60,18 @@ def test_plain_greedy_gives_the_tokens_of_transformers_generate(trained, batch, 
     assert ours.shape[1] > 3
 
 
+def test_a_model_saved_by_train_py_takes_the_loop(trained, batch):
+    """train.py saves a custom entry in the generation config (max_sentence_tokens, read by translate_texts), which
+    generate() does not read: it must not send the call to transformers' loop."""
+    trained.generation_config.max_sentence_tokens = 56
+    try:
+        assert takes_the_loop(trained, batch, {"num_beams": 1})
+        assert takes_the_loop(trained, batch, {"generation_config": GenerationConfig(**GENERATION, num_beams=1)})
+        assert torch.equal(trained.generate(**batch, num_beams=1), transformers_generate(trained, **batch, num_beams=1))
+    finally:
+        del trained.generation_config.max_sentence_tokens
+
+
 def test_rows_end_at_different_steps_and_are_padded_as_generate_pads_them(trained, batch):
     ours = trained.generate(**batch, num_beams=1)
     ended = (ours == 2).int().argmax(dim=1)
