@@ -78,6 +78,19 @@ def build_tiny_tokenizer(texts, vocab_size=400):
     return train_bpe_tokenizer(texts, vocab_size=vocab_size, model_max_length=64)
 
 
+GENERATION = dict(decoder_start_token_id=1, bos_token_id=1, eos_token_id=2, pad_token_id=0)  # the tiny tokenizer's ids
+
+
+def model_to_compare_decodings(pairs, tokenizer):
+    """A tiny model trained briefly on the pairs, saved for beam search as train.py saves (num_beams 4,
+    early_stopping, max_new_tokens 47): confident, non-degenerate outputs to compare decodings on."""
+    from transformers import GenerationConfig
+
+    model, _ = train_on_pairs(pairs, tokenizer, steps=60)
+    model.generation_config = GenerationConfig(**GENERATION, max_new_tokens=47, num_beams=4, early_stopping=True)
+    return model
+
+
 def train_on_pairs(pairs, tokenizer, steps: int, lr: float = 3e-3, seed: int = 0, **config_overrides):
     """(model in eval mode, last loss): the "tiny" preset without dropout, trained full-batch with Adam on `pairs`
     (teacher-forced, padding ignored) for `steps` steps."""

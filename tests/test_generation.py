@@ -6,21 +6,17 @@ import textwrap
 
 import pytest
 import torch
-from helpers import train_on_pairs
+from helpers import model_to_compare_decodings
 from transformers import AutoModelForSeq2SeqLM, CompileConfig, GenerationConfig, pipeline
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from hf_scratch_transformer import TranslationPipeline, translation_pipeline
 
-GENERATION = dict(decoder_start_token_id=1, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-
 
 @pytest.fixture(scope="module")
 def trained(pairs, tiny_tokenizer):
     """A tiny model trained briefly on the pairs: confident, non-degenerate outputs to compare decodings on."""
-    model, _ = train_on_pairs(pairs, tiny_tokenizer, steps=60)
-    model.generation_config = GenerationConfig(**GENERATION, max_new_tokens=47, num_beams=4, early_stopping=True)
-    return model
+    return model_to_compare_decodings(pairs, tiny_tokenizer)
 
 
 @pytest.fixture(scope="module")

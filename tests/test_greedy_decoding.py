@@ -5,7 +5,7 @@ import re
 
 import pytest
 import torch
-from helpers import train_on_pairs
+from helpers import GENERATION, model_to_compare_decodings
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, TextStreamer
 from transformers.generation.logits_process import SuppressTokensLogitsProcessor
 
@@ -15,15 +15,11 @@ from hf_scratch_transformer.translation_core import DecodingOptions, SourceLengt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-GENERATION = dict(decoder_start_token_id=1, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-
 
 @pytest.fixture(scope="module")
 def trained(pairs, tiny_tokenizer):
     """A tiny model trained briefly on the pairs (post-norm, as train.py's): rows end at different steps."""
-    model, _ = train_on_pairs(pairs, tiny_tokenizer, steps=60)
-    model.generation_config = GenerationConfig(**GENERATION, max_new_tokens=47, num_beams=4, early_stopping=True)
-    return model
+    return model_to_compare_decodings(pairs, tiny_tokenizer)
 
 
 @pytest.fixture(scope="module")
