@@ -8,7 +8,7 @@ It is a transformers model in the way in-tree models are: attention goes through
 interface (`attn_implementation` = "eager" | "sdpa" | "flex_attention" | a flash kernel where installed), masks
 come from `transformers.masking_utils`, caches are any `Cache` (dynamic, static, compiled decoding), and hidden
 states and attention weights are recorded by `capture_outputs`. Only torch, transformers and two sibling files
-(the configuration, and greedy_decoding.py: plain greedy search without generate()'s per-step machinery) are
+(the configuration, and decoding.py: greedy and beam search without generate()'s per-step machinery) are
 imported, so the file also runs as `trust_remote_code` from a saved directory.
 
 Shapes: B batch, S source length, T target tokens in this call, K keys (cached + new), D d_model, H heads,
@@ -41,7 +41,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_scratch_transformer import ScratchTransformerConfig
-from .greedy_decoding import greedy_search, plain_greedy
+from .decoding import plain_decoding, search
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -613,12 +613,12 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
 
     @torch.no_grad()
     def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
-        """transformers' `generate()`, except that a call asking for plain greedy search (greedy_decoding.plain_greedy)
-        runs `greedy_search`: the same tokens without generate()'s per-step machinery."""
-        call = plain_greedy(self, inputs, generation_config, kwargs)
+        """transformers' `generate()`, except that a call asking for plain greedy or beam search
+        (decoding.plain_decoding) runs decoding.py's loops: the same tokens without generate()'s per-step machinery."""
+        call = plain_decoding(self, inputs, generation_config, kwargs)
         if call is None:
             return super().generate(inputs, generation_config, **kwargs)
-        return greedy_search(self, **vars(call))[0]
+        return search(self, call)
 
 
 # Saving a model also copies this file and its configuration into the directory (remote code).

@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from .errors import UsageError
-from .greedy_decoding import greedy_search, plain_greedy
+from .decoding import beam_search, greedy_search, plain_decoding
 from .documents import Unit, model_text, source_language, split_document, split_long
 from .glossary import Glossary
 from .glossary import report as glossary_report
@@ -378,9 +378,9 @@ class TorchBackend:
         settings = {**greedy_resets(config, num_beams), **self.generate_kwargs, "num_beams": num_beams,
                     "num_return_sequences": num_return_sequences,
                     "max_new_tokens": max(bounds), "max_length": None}  # the saved max_length would compete (and warn)
-        greedy = self._plain_greedy(input_ids, attention_mask, settings)
-        if greedy is not None:
-            return self._greedy_search(greedy, bounds, with_scores)
+        call = self._plain_call(input_ids, attention_mask, settings)
+        if call is not None:
+            return self._search(call, bounds, with_scores)
         output = self.model.generate(
             input_ids=input_ids, attention_mask=attention_mask,
             stopping_criteria=StoppingCriteriaList([SourceLengthBound(bounds)]),
@@ -395,25 +395,36 @@ class TorchBackend:
         pairs = list(zip(sequences, scores))
         return [pairs[i : i + num_return_sequences] for i in range(0, len(pairs), num_return_sequences)]
 
-    def _plain_greedy(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, settings: dict):
-        """For this package's model, a call for plain greedy search (greedy_decoding.GreedyCall), else None."""
+    def _plain_call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, settings: dict):
+        """For this package's model, a call for plain greedy or beam search (decoding.DecodingCall), else None."""
         if getattr(self.model.config, "model_type", None) != "scratch_transformer":
             return None
-        return plain_greedy(self.model, None, None, {"input_ids": input_ids, "attention_mask": attention_mask,
-                                                     **settings})
+        return plain_decoding(self.model, None, None, {"input_ids": input_ids, "attention_mask": attention_mask,
+                                                       **settings})
 
-    def _greedy_search(self, call, bounds: list[int], with_scores: bool) -> list[list[tuple[list[int], float | None]]]:
-        """`greedy_search` with each source's own bound: the hypotheses generate() gives, in less time."""
-        sequences, log_probs = greedy_search(
-            self.model, **{**vars(call), "max_new_tokens": torch.tensor(bounds, device=call.input_ids.device)},
-            with_log_probs=with_scores)
+    def _search(self, call, bounds: list[int], with_scores: bool) -> list[list[tuple[list[int], float | None]]]:
+        """decoding.py's greedy or beam search with each source's own bound: the hypotheses generate() gives, in
+        less time."""
+        settings = {**vars(call), "max_new_tokens": torch.tensor(bounds, device=call.input_ids.device)}
+        greedy = call.num_beams == 1
+        for name in ("num_beams", "num_return_sequences", "length_penalty", "early_stopping") if greedy else ():
+            settings.pop(name)
+        if greedy:
+            sequences, log_probs = greedy_search(self.model, **settings, with_log_probs=with_scores)
+        else:
+            sequences, beam_scores = beam_search(self.model, **settings)
+        returned = call.num_return_sequences
         hypotheses = []
         for row, ids in enumerate(sequences.tolist()):
-            ids = strip_generated(ids, self.generation_config, call.decoder_start_token_id)[: bounds[row]]
-            score = (float(log_probs[row, : len(ids)].sum()) / max(len(ids), 1) ** self.length_penalty
-                     if with_scores else None)
-            hypotheses.append([(ids, score)])
-        return hypotheses
+            ids = strip_generated(ids, self.generation_config, call.decoder_start_token_id)[: bounds[row // returned]]
+            if not with_scores:
+                score = None
+            elif greedy:
+                score = float(log_probs[row, : len(ids)].sum()) / max(len(ids), 1) ** self.length_penalty
+            else:
+                score = float(beam_scores[row])
+            hypotheses.append((ids, score))
+        return [hypotheses[i : i + returned] for i in range(0, len(hypotheses), returned)]
 
     def _scores(self, output, sequences: list[list[int]], num_beams: int) -> list[float]:
         """Beam search's own scores; for greedy search the same quantity from the step log-probabilities."""

@@ -24,7 +24,7 @@ def test_weights_are_written_only_as_safetensors(finished_run):
     # trust_remote_code=True would execute exactly these files, saved beside the weights
     assert {path.name for path in finished_run.glob("*.py")} == {
         "modeling_scratch_transformer.py", "configuration_scratch_transformer.py", "pipeline_translation.py",
-        "translation_core.py", "greedy_decoding.py", "errors.py", "documents.py", "protected_spans.py", "glossary.py"}
+        "translation_core.py", "decoding.py", "errors.py", "documents.py", "protected_spans.py", "glossary.py"}
 
 
 def test_the_model_directory_translates_through_remote_code_where_the_package_cannot_be_imported(finished_run,

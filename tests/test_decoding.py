@@ -1,5 +1,5 @@
-"""greedy_decoding.py: a call for plain greedy search gives transformers' generate() tokens (and step scores) from the
-package's own loop; every other call is transformers' generate() itself."""
+"""decoding.py: a call for plain greedy or beam search gives transformers' generate() tokens (and scores) from the
+package's own loops; every other call is transformers' generate() itself."""
 
 import re
 
@@ -10,7 +10,7 @@ from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList,
 from transformers.generation.logits_process import SuppressTokensLogitsProcessor
 
 from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration
-from hf_scratch_transformer.greedy_decoding import greedy_search, plain_greedy
+from hf_scratch_transformer.decoding import beam_search, greedy_search, plain_decoding
 from hf_scratch_transformer.translation_core import DecodingOptions, SourceLengthBound, TorchBackend, translate_batches
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -28,14 +28,15 @@ def batch(pairs, tiny_tokenizer):
 
 
 def takes_the_loop(model, batch, options: dict) -> bool:
-    """Whether model.generate(**batch, **options) runs greedy_search (plain_greedy sees what generate() passes it)."""
+    """Whether model.generate(**batch, **options) runs decoding.py's loops (plain_decoding sees what generate() passes
+    it)."""
     options = dict(options)
     generation_config = options.pop("generation_config", None)
-    return plain_greedy(model, None, generation_config, {**batch, **options}) is not None
+    return plain_decoding(model, None, generation_config, {**batch, **options}) is not None
 
 
 def transformers_generate(model, *args, **kwargs):
-    """transformers' own generate(), which the model's generate() hands every call but plain greedy ones."""
+    """transformers' own generate(), which the model's generate() hands every call but plain greedy and beam ones."""
     return GenerationMixin.generate(model, *args, **kwargs)
 
 
@@ -90,13 +91,13 @@ def test_a_pre_norm_model_with_gelu(batch):
     ids = batch["input_ids"].clamp(max=98)
     mask = batch["attention_mask"]
     options = dict(GENERATION, max_new_tokens=12, num_beams=1)
-    assert plain_greedy(model, ids, None, {"attention_mask": mask, **options}) is not None
+    assert plain_decoding(model, ids, None, {"attention_mask": mask, **options}) is not None
     assert torch.equal(model.generate(ids, attention_mask=mask, **options),
                        transformers_generate(model, ids, attention_mask=mask, **options))
 
 
 @pytest.mark.parametrize("options", [
-    {"num_beams": 3},
+    {"num_beams": 3, "do_sample": True},
     {"num_beams": 1, "do_sample": True},
     {"num_beams": 1, "repetition_penalty": 1.5},
     {"num_beams": 1, "no_repeat_ngram_size": 2},
@@ -106,12 +107,16 @@ def test_a_pre_norm_model_with_gelu(batch):
     {"num_beams": 1, "decoder_input_ids": torch.tensor([[1, 40]] * 6)},
     {"num_beams": 1, "logits_processor": LogitsProcessorList([SuppressTokensLogitsProcessor([40])])},
     {"num_beams": 1, "stopping_criteria": [SourceLengthBound([3] * 6)]},
+    {"num_beams": 4, "stopping_criteria": [SourceLengthBound([3] * 6)]},
+    {"num_beams": 4, "no_repeat_ngram_size": 2},
+    {"num_beams": 4, "num_beam_groups": 2, "diversity_penalty": 0.5},
+    {"num_beams": 3, "num_return_sequences": 4},  # refused by transformers
+    {"num_beams": 4, "output_scores": True, "return_dict_in_generate": True},
     {"num_beams": 1, "num_return_sequences": 2},  # refused by transformers
     {"num_beams": 1, "output_attentions": True, "return_dict_in_generate": True},
-    {"generation_config": GenerationConfig(**GENERATION, max_new_tokens=9)},  # the model's num_beams 4 fills it in
-], ids=["beams", "sampling", "repetition_penalty", "no_repeat_ngram", "forced_eos", "scores", "static_cache", "prefix",
-        "logits_processor", "stopping_criteria", "num_return_sequences", "attentions",
-        "generation_config_without_num_beams"])
+], ids=["beam_sampling", "sampling", "repetition_penalty", "no_repeat_ngram", "forced_eos", "scores", "static_cache",
+        "prefix", "logits_processor", "stopping_criteria", "beam_stopping_criteria", "beam_no_repeat_ngram",
+        "beam_groups", "beam_num_return_sequences", "beam_scores", "num_return_sequences", "attentions"])
 def test_every_other_call_is_transformers_generate(trained, batch, options):
     assert not takes_the_loop(trained, batch, options)
     if options.get("do_sample"):
@@ -130,15 +135,15 @@ def test_every_other_call_is_transformers_generate(trained, batch, options):
 
 
 def test_a_streamer_a_model_in_training_and_the_eager_kernel_take_generate(trained, batch, tiny_tokenizer):
-    assert plain_greedy(trained, None, None, {**batch, "num_beams": 1, "streamer": TextStreamer(tiny_tokenizer)}) is None
+    assert plain_decoding(trained, None, None, {**batch, "num_beams": 1, "streamer": TextStreamer(tiny_tokenizer)}) is None
     trained.train()
     try:
-        assert plain_greedy(trained, None, None, {**batch, "num_beams": 1}) is None
+        assert plain_decoding(trained, None, None, {**batch, "num_beams": 1}) is None
     finally:
         trained.eval()
     trained.config._attn_implementation = "eager"
     try:
-        assert plain_greedy(trained, None, None, {**batch, "num_beams": 1}) is None
+        assert plain_decoding(trained, None, None, {**batch, "num_beams": 1}) is None
     finally:
         trained.config._attn_implementation = "sdpa"
 
@@ -164,7 +169,87 @@ def test_the_translation_backend_gives_the_hypotheses_and_scores_of_generate(tra
     sources = [source for source, _ in pairs] + ["", pairs[0][0] * 3]
     options = DecodingOptions(num_beams=1, with_scores=True, max_len_a=0.5, max_len_b=2)  # bounds differ per source
     fast = translate_batches(TorchBackend(trained), tiny_tokenizer, sources, options)
-    monkeypatch.setattr(TorchBackend, "_plain_greedy", lambda *args: None)
+    monkeypatch.setattr(TorchBackend, "_plain_call", lambda *args: None)
+    reference = translate_batches(TorchBackend(trained), tiny_tokenizer, sources, options)
+    assert [[h.token_ids for h in row] for row in fast] == [[h.token_ids for h in row] for row in reference]
+    assert [h.score for row in fast for h in row] == pytest.approx([h.score for row in reference for h in row],
+                                                                    abs=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ beam search
+@pytest.mark.parametrize("options", [
+    {},  # the saved num_beams 4 with early_stopping True and max_new_tokens 47
+    {"num_beams": 3, "max_new_tokens": 9},
+    {"num_beams": 4, "early_stopping": False},
+    {"num_beams": 5, "early_stopping": "never", "length_penalty": 1.3},
+    {"num_beams": 4, "early_stopping": "never", "length_penalty": -0.5},
+    {"num_beams": 4, "num_return_sequences": 3},
+    {"num_beams": 3, "min_new_tokens": 12, "length_penalty": 0.6},
+    {"num_beams": 2, "min_length": 8, "max_length": 30},
+    {"num_beams": 4, "max_new_tokens": 15, "eos_token_id": [2, 7], "min_new_tokens": 3},  # 3K candidates a step
+    {"generation_config": GenerationConfig(**GENERATION, max_new_tokens=9)},  # the model's num_beams 4 fills it in
+], ids=["saved", "short", "no_early_stopping", "never_long", "never_short", "num_return_sequences", "min_new_tokens",
+        "min_length", "two_eos", "generation_config"])
+def test_plain_beam_search_gives_the_tokens_of_transformers_generate(trained, batch, options):
+    assert takes_the_loop(trained, batch, options)
+    ours = trained.generate(**batch, **options)
+    reference = transformers_generate(trained, **batch, **options)
+    assert ours.shape == reference.shape and torch.equal(ours, reference)
+    assert ours.shape[1] > 3
+
+
+def test_beam_search_on_a_pre_norm_model_with_gelu(batch):
+    torch.manual_seed(3)
+    config = ScratchTransformerConfig.from_preset("tiny", vocab_size=99, dropout=0.0, normalize_before=True,
+                                                  activation_function="gelu", scale_embedding=False)
+    model = ScratchTransformerForConditionalGeneration(config).eval()
+    ids, mask = batch["input_ids"].clamp(max=98), batch["attention_mask"]
+    options = dict(GENERATION, max_new_tokens=12, num_beams=4, num_return_sequences=2)
+    assert plain_decoding(model, ids, None, {"attention_mask": mask, **options}) is not None
+    assert torch.equal(model.generate(ids, attention_mask=mask, **options),
+                       transformers_generate(model, ids, attention_mask=mask, **options))
+
+
+@pytest.mark.parametrize("early_stopping", [True, False])
+def test_beam_search_bounds_per_row_and_scores_are_generate_s(trained, batch, early_stopping):
+    """What the translation backend asks for: each source its own bound on new tokens (sources at their bound leave
+    the batch while others go on), and each hypothesis's score (generate()'s sequences_scores)."""
+    bounds = [3, 47, 5, 47, 1, 20]
+    sequences, scores = beam_search(trained, batch["input_ids"], batch["attention_mask"], torch.tensor(bounds),
+                                    eos_token_ids=[2], pad_token_id=0, decoder_start_token_id=1, num_beams=4,
+                                    early_stopping=early_stopping, num_return_sequences=2)
+    output = transformers_generate(trained, **batch, num_beams=4, max_new_tokens=max(bounds), num_return_sequences=2,
+                                   early_stopping=early_stopping, return_dict_in_generate=True, output_scores=True,
+                                   stopping_criteria=[SourceLengthBound(bounds)])
+    assert torch.equal(sequences, output.sequences)
+    assert torch.allclose(scores, output.sequences_scores, atol=1e-5)
+    assert sequences.shape[1] > 6
+
+
+def test_a_source_that_runs_to_its_bound_does_not_hold_the_others(trained, batch, monkeypatch):
+    """Sources whose hypotheses can no longer change leave the batch: a source searched for 40 steps after the others
+    ended costs the steps of one source, and every source's hypotheses are still generate()'s."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    bounds = [47] + [6] * (ids.shape[0] - 1)
+    rows_embedded = []
+    embed = trained.model.decoder.embed_tokens
+    with monkeypatch.context() as patch:
+        patch.setattr(embed, "forward", lambda tokens: rows_embedded.append(tokens.shape[0]) or type(embed).forward(
+            embed, tokens))
+        sequences, _ = beam_search(trained, ids, mask, torch.tensor(bounds), eos_token_ids=[2], pad_token_id=0,
+                                   decoder_start_token_id=1, num_beams=4, early_stopping=True)
+    assert rows_embedded[0] == 4 * ids.shape[0] and rows_embedded[-1] == 4 and len(rows_embedded) > 10, rows_embedded
+    reference = transformers_generate(trained, ids, attention_mask=mask, num_beams=4, max_new_tokens=47,
+                                      early_stopping=True, stopping_criteria=[SourceLengthBound(bounds)])
+    assert torch.equal(sequences, reference)
+
+
+def test_the_translation_backend_gives_the_beam_hypotheses_and_scores_of_generate(trained, tiny_tokenizer, pairs,
+                                                                                  monkeypatch):
+    sources = [source for source, _ in pairs] + ["", pairs[0][0] * 3]
+    options = DecodingOptions(num_beams=4, num_return_sequences=2, with_scores=True, max_len_a=0.5, max_len_b=2)
+    fast = translate_batches(TorchBackend(trained), tiny_tokenizer, sources, options)
+    monkeypatch.setattr(TorchBackend, "_plain_call", lambda *args: None)
     reference = translate_batches(TorchBackend(trained), tiny_tokenizer, sources, options)
     assert [[h.token_ids for h in row] for row in fast] == [[h.token_ids for h in row] for row in reference]
     assert [h.score for row in fast for h in row] == pytest.approx([h.score for row in reference for h in row],
