@@ -149,8 +149,9 @@ def greedy_search(
     with normalized logits).
 
     `max_new_tokens` is one bound or one per row (B,); a row ends at an end token or its bound and is then padded
-    with `pad_token_id`; the loop ends when every row has. The end tokens are barred for the first
-    `min_new_tokens` steps. N is the steps taken (the largest bound when some row reaches it).
+    with `pad_token_id` (its log-probabilities there mean nothing); the loop ends when every row has, and ended rows
+    leave the batch on the way. The end tokens are barred for the first `min_new_tokens` steps. N is the steps
+    taken (the largest bound when some row reaches it).
     """
     decoder, batch_size = model.model.decoder, input_ids.shape[0]
     device = input_ids.device
@@ -162,8 +163,11 @@ def greedy_search(
     layers = [LayerState(layer, encoder_output, steps) for layer in decoder.layers]
     end_tokens = torch.tensor(eos_token_ids, device=device, dtype=torch.long)
 
-    tokens = torch.full((batch_size,), decoder_start_token_id, dtype=torch.long, device=device)
-    sequences, log_probs = [tokens], []
+    sequences = torch.full((batch_size, 1 + steps), pad_token_id, dtype=torch.long, device=device)
+    sequences[:, 0] = decoder_start_token_id
+    log_probs = torch.zeros(batch_size, steps, device=device) if with_log_probs else None
+    tokens = sequences[:, 0]
+    rows = torch.arange(batch_size, device=device)  # the rows still decoded (the others have ended)
     unfinished = torch.ones(batch_size, dtype=torch.bool, device=device)
     for step in range(steps):
         hidden = decoder.embed(decoder.embed_tokens(tokens)[:, None], offset=step)  # (B, 1, D)
@@ -174,13 +178,22 @@ def greedy_search(
             logits[:, end_tokens] = float("-inf")
         tokens = logits.max(dim=-1).indices  # argmax's first maximum, faster on CPU (bench_speed's kernels)
         tokens = torch.where(unfinished, tokens, pad_token_id)
+        sequences[rows, step + 1] = tokens
         if with_log_probs:
-            log_probs.append(logits.log_softmax(dim=-1).gather(1, tokens[:, None])[:, 0])
-        sequences.append(tokens)
+            log_probs[rows, step] = logits.log_softmax(dim=-1).gather(1, tokens[:, None])[:, 0]
         unfinished &= ~torch.isin(tokens, end_tokens) & (bounds > step + 1)
-        if not unfinished.any():
+        ended = len(rows) - int(unfinished.sum())
+        if ended == len(rows):
             break
-    return torch.stack(sequences, dim=1), (torch.stack(log_probs, dim=1) if with_log_probs else None)
+        if ended >= max(1, len(rows) // 4):  # ended rows leave the batch, a quarter at a time (each leaving copies)
+            going = unfinished.nonzero()[:, 0]
+            rows, tokens, bounds, unfinished = rows[going], tokens[going], bounds[going], unfinished[going]
+            source_mask = None if source_mask is None else source_mask[going]
+            for state in layers:
+                state.keep_sources(going)
+                state.keep_rows(going, filled=step + 1)
+    taken = step + 1 if steps else 0
+    return sequences[:, : 1 + taken], (log_probs[:, :taken] if with_log_probs else None)
 
 
 # transformers' beam search marks what may no longer be chosen by adding this (not -inf, which would make ties of
@@ -367,6 +380,10 @@ class LayerState:
         """Beam search: only these sources (indices into the present batch) go on; `reorder` then keeps their beams'
         self-attention keys and values."""
         self.cross_keys, self.cross_values = self.cross_keys[sources], self.cross_values[sources]
+
+    def keep_rows(self, rows: torch.Tensor, filled: int):
+        """Greedy search: only these rows go on (their keys and values of the `filled` positions kept)."""
+        self.reorder(rows, filled)
 
     def reorder(self, rows: torch.Tensor, filled: int):
         """Beam search: row i of the self-attention keys and values becomes row rows[i] (its beam's parent), for the

@@ -159,9 +159,30 @@ def test_bounds_per_row_and_step_log_probs_are_generate_s(trained, batch):
                                    output_scores=True, stopping_criteria=[SourceLengthBound(bounds)])
     assert torch.equal(sequences, output.sequences)
     expected = trained.compute_transition_scores(output.sequences, output.scores, normalize_logits=True)
-    assert torch.allclose(log_probs, expected, atol=1e-5)
+    lengths = [next((i + 1 for i, token in enumerate(row[1:]) if token == 2), bound)
+               for row, bound in zip(sequences.tolist(), bounds)]  # new tokens up to the end token or the bound
+    assert len(set(lengths)) > 2
+    for row, length in enumerate(lengths):
+        assert torch.allclose(log_probs[row, :length], expected[row, :length], atol=1e-5)
     for row, bound in enumerate(bounds):
         assert (sequences[row, 1 + bound :] == 0).all()
+
+
+def test_ended_rows_leave_the_greedy_batch(trained, batch, monkeypatch):
+    """Rows that ended stop being computed (a quarter of the batch at a time), and the tokens stay generate()'s."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    bounds = [47] + [2] * (ids.shape[0] - 1)
+    rows_embedded = []
+    embed = trained.model.decoder.embed_tokens
+    with monkeypatch.context() as patch:
+        patch.setattr(embed, "forward", lambda tokens: rows_embedded.append(tokens.shape[0]) or type(embed).forward(
+            embed, tokens))
+        sequences, _ = greedy_search(trained, ids, mask, torch.tensor(bounds), eos_token_ids=[2], pad_token_id=0,
+                                     decoder_start_token_id=1)
+    assert rows_embedded[0] == ids.shape[0] and rows_embedded[-1] == 1 and len(rows_embedded) > 5, rows_embedded
+    reference = transformers_generate(trained, ids, attention_mask=mask, num_beams=1, max_new_tokens=47,
+                                      stopping_criteria=[SourceLengthBound(bounds)])
+    assert torch.equal(sequences, reference)
 
 
 def test_the_translation_backend_gives_the_hypotheses_and_scores_of_generate(trained, tiny_tokenizer, pairs,
