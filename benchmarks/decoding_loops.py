@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
                 seconds[name].append(time.perf_counter() - started)
         if outputs["ours"] != outputs["generate"]:
             differ = sum(a != b for a, b in zip(outputs["ours"], outputs["generate"]))
-            raise SystemExit(f"{workload}: {differ} of {len(texts)} translations differ between the loops and generate()")
+            raise SystemExit(f"{workload}: {differ} of {len(texts)} translations differ between the loops and "
+                             "generate()")
         new_tokens = sum(len(ids) for ids in outputs["ours"])
         ratios = common.paired_ratios(seconds, "generate", "ours")
         entry = {"sentences": len(texts), "num_beams": beams, "batch_size": batch, "new_tokens": new_tokens,

@@ -308,6 +308,10 @@ def beam_search(
     return sequences, finished_scores[:, :returned].reshape(-1)
 
 
+# positions the self-attention buffers hold at first (LayerState.grow doubles them)
+INITIAL_POSITIONS = 64
+
+
 class LayerState:
     """One decoder layer during greedy or beam search: its weights, its cross-attention keys/values (B, H, S, Dh)
     projected once, and its self-attention keys/values (B·K, H, N, Dh), filled one position per step (K beams; 1 in
@@ -328,6 +332,10 @@ class LayerState:
             (linear.weight, linear.bias) for linear in (self_attention.q_proj, self_attention.k_proj,
                                                         self_attention.v_proj, self_attention.out_proj,
                                                         cross_attention.q_proj, cross_attention.out_proj))
+        # the new position's query, key and value in one product (B·K, 1, 3D): one call instead of three
+        projections = (self_attention.q_proj, self_attention.k_proj, self_attention.v_proj)
+        self.self_query_key_value = (torch.cat([linear.weight for linear in projections]),
+                                     torch.cat([linear.bias for linear in projections]))
         feed_forward = layer.feed_forward
         self.fc1 = (feed_forward.fc1.weight, feed_forward.fc1.bias)
         self.fc2 = (feed_forward.fc2.weight, feed_forward.fc2.bias)
@@ -340,7 +348,9 @@ class LayerState:
         self.cross_values = self.split_heads(F.linear(encoder_output, cross_attention.v_proj.weight,
                                                       cross_attention.v_proj.bias))
         rows = encoder_output.shape[0] * beams
-        self.self_keys = self.cross_keys.new_empty(rows, self.heads, steps, self.head_dim)
+        # room for the first steps, doubled when full (`self_attention`): a bound of 256 new tokens costs memory only
+        # when a sentence comes near it
+        self.self_keys = self.cross_keys.new_empty(rows, self.heads, min(steps, INITIAL_POSITIONS), self.head_dim)
         self.self_values = torch.empty_like(self.self_keys)
         self.spare = None  # beam search: the buffers reordered keys and values are written to (`reorder`)
 
@@ -363,10 +373,23 @@ class LayerState:
 
     def self_attention(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
         """The new position's keys and values join the buffers; its query attends to positions 0 .. step."""
-        self.self_keys[:, :, step] = self.split_heads(F.linear(hidden, *self.self_key))[:, :, 0]
-        self.self_values[:, :, step] = self.split_heads(F.linear(hidden, *self.self_value))[:, :, 0]
-        return self.attend(hidden, self.self_query, self.self_output, self.self_keys[:, :, : step + 1],
-                           self.self_values[:, :, : step + 1])
+        query, key, value = F.linear(hidden, *self.self_query_key_value).chunk(3, dim=-1)
+        if step == self.self_keys.shape[2]:
+            self.grow()
+        self.self_keys[:, :, step] = self.split_heads(key)[:, :, 0]
+        self.self_values[:, :, step] = self.split_heads(value)[:, :, 0]
+        output = F.scaled_dot_product_attention(self.split_heads(query), self.self_keys[:, :, : step + 1],
+                                                self.self_values[:, :, : step + 1], scale=self.scaling)
+        return F.linear(output.transpose(1, 2).reshape(hidden.shape), *self.self_output)
+
+    def grow(self):
+        """Twice the positions in the self-attention buffers, the filled ones copied."""
+        filled = self.self_keys.shape[2]
+        grown = [buffer.new_empty(buffer.shape[0], self.heads, 2 * filled, self.head_dim)
+                 for buffer in (self.self_keys, self.self_values)]
+        grown[0][:, :, :filled], grown[1][:, :, :filled] = self.self_keys, self.self_values
+        self.self_keys, self.self_values = grown
+        self.spare = None
 
     def cross_attention(self, hidden: torch.Tensor, source_mask: torch.Tensor | None) -> torch.Tensor:
         """hidden (B·K, 1, D) -> (B·K, 1, D): a source's K beams are K queries over its keys and values (B, H, S, Dh),

@@ -10,6 +10,7 @@ from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList,
 from transformers.generation.logits_process import SuppressTokensLogitsProcessor
 
 from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration
+from hf_scratch_transformer import decoding
 from hf_scratch_transformer.decoding import beam_search, greedy_search, plain_decoding
 from hf_scratch_transformer.translation_core import DecodingOptions, SourceLengthBound, TorchBackend, translate_batches
 
@@ -78,7 +79,7 @@ def test_rows_end_at_different_steps_and_are_padded_as_generate_pads_them(traine
 
 
 def test_inputs_without_a_mask_and_positional_inputs(trained, batch):
-    """generate() infers no mask for an encoder-decoder model (every position counts), and takes the ids positionally."""
+    """generate() infers no mask for an encoder-decoder model (every position counts) and takes the ids positionally."""
     ids = batch["input_ids"]
     assert torch.equal(trained.generate(ids, num_beams=1), transformers_generate(trained, ids, num_beams=1))
 
@@ -135,7 +136,8 @@ def test_every_other_call_is_transformers_generate(trained, batch, options):
 
 
 def test_a_streamer_a_model_in_training_and_the_eager_kernel_take_generate(trained, batch, tiny_tokenizer):
-    assert plain_decoding(trained, None, None, {**batch, "num_beams": 1, "streamer": TextStreamer(tiny_tokenizer)}) is None
+    streamer = TextStreamer(tiny_tokenizer)
+    assert plain_decoding(trained, None, None, {**batch, "num_beams": 1, "streamer": streamer}) is None
     trained.train()
     try:
         assert plain_decoding(trained, None, None, {**batch, "num_beams": 1}) is None
@@ -155,7 +157,8 @@ def test_bounds_per_row_and_step_log_probs_are_generate_s(trained, batch):
     sequences, log_probs = greedy_search(trained, batch["input_ids"], batch["attention_mask"], torch.tensor(bounds),
                                          eos_token_ids=[2], pad_token_id=0, decoder_start_token_id=1,
                                          with_log_probs=True)
-    output = transformers_generate(trained, **batch, num_beams=1, max_new_tokens=max(bounds), return_dict_in_generate=True,
+    output = transformers_generate(trained, **batch, num_beams=1, max_new_tokens=max(bounds),
+                                   return_dict_in_generate=True,
                                    output_scores=True, stopping_criteria=[SourceLengthBound(bounds)])
     assert torch.equal(sequences, output.sequences)
     expected = trained.compute_transition_scores(output.sequences, output.scores, normalize_logits=True)
@@ -263,6 +266,21 @@ def test_a_source_that_runs_to_its_bound_does_not_hold_the_others(trained, batch
     reference = transformers_generate(trained, ids, attention_mask=mask, num_beams=4, max_new_tokens=47,
                                       early_stopping=True, stopping_criteria=[SourceLengthBound(bounds)])
     assert torch.equal(sequences, reference)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_the_self_attention_buffers_grow_as_sentences_do(trained, batch, monkeypatch, num_beams):
+    """The buffers start with room for a few positions and double when full (here from 3: 6, 12, 24, 48), copying
+    what they hold: the tokens stay generate()'s."""
+    monkeypatch.setattr(decoding, "INITIAL_POSITIONS", 3)
+    grown = []
+    original = decoding.LayerState.grow
+    monkeypatch.setattr(decoding.LayerState, "grow", lambda state: grown.append(state.self_keys.shape[2]) or
+                        original(state))
+    options = {"num_beams": num_beams, "max_new_tokens": 47, "min_new_tokens": 30}
+    ours = trained.generate(**batch, **options)
+    assert sorted(set(grown)) == [3, 6, 12, 24]
+    assert torch.equal(ours, transformers_generate(trained, **batch, **options))
 
 
 def test_the_translation_backend_gives_the_beam_hypotheses_and_scores_of_generate(trained, tiny_tokenizer, pairs,
