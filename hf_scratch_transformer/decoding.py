@@ -212,100 +212,125 @@ def beam_search(
     starting with the decoder start token, best first, and their scores (B·R,): the sum of the tokens'
     log-probabilities over (new tokens) ** length_penalty, generate()'s `sequences_scores`.
 
-    Each step follows transformers' `_beam_search`: the 2K best continuations of a source's K beams (K more per extra
-    end token); those that end (an end token, or the source's bound of new tokens) join the finished hypotheses when
-    among the K best; the K best that go on are the next beams. `early_stopping` True ends a source at K finished
-    hypotheses, False when the best beam's score at its present length cannot beat the worst finished one, "never"
-    (with a positive length penalty) at the longest length. Sequences are padded as generate() pads them.
+    Each step follows transformers' `_beam_search` (`Beams.advance`); a source whose hypotheses can no longer change
+    leaves the batch (`Beams.leave`). Sequences are padded as generate() pads them.
     """
-    decoder, batch_size, beams = model.model.decoder, input_ids.shape[0], num_beams
-    device = input_ids.device
-    bounds = torch.as_tensor(max_new_tokens, device=device).expand(batch_size)
+    decoder, batch_size = model.model.decoder, input_ids.shape[0]
+    bounds = torch.as_tensor(max_new_tokens, device=input_ids.device).expand(batch_size)
     steps = int(bounds.max())
-    max_length = 1 + steps
     encoder_output = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     source_mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
-    layers = [LayerState(layer, encoder_output, steps, beams) for layer in decoder.layers]
-    end_tokens = torch.tensor(eos_token_ids, device=device, dtype=torch.long)
-    candidates_kept = max(2, 1 + len(eos_token_ids)) * beams
-    among_best = torch.arange(candidates_kept, device=device) < beams  # (2K,): candidates that may finish
-    fill = (pad_token_id or eos_token_ids[0]) if eos_token_ids else -1  # generate()'s padding of beam outputs
-
-    running = torch.full((batch_size, beams, max_length), fill, dtype=torch.long, device=device)
-    running[:, :, 0] = decoder_start_token_id
-    running_scores = torch.zeros(batch_size, beams, device=device)
-    running_scores[:, 1:] = NEVER  # the first step extends the first beam only
-    finished, finished_scores = running.clone(), torch.full((batch_size, beams), NEVER, device=device)
-    finished_lengths = torch.zeros(batch_size, beams, dtype=torch.long, device=device)  # new tokens
-    is_finished = torch.zeros(batch_size, beams, dtype=torch.bool, device=device)
-    improvable = torch.ones(batch_size, 1, dtype=torch.bool, device=device)
-    row_offsets = torch.arange(batch_size, device=device)[:, None] * beams  # (B, 1): each source's first row
-    sources = torch.arange(batch_size, device=device)  # the source of each row still searched
-    results = (finished.clone(), finished_scores.clone(), finished_lengths.clone())  # of every source, by source
+    layers = [LayerState(layer, encoder_output, steps, num_beams) for layer in decoder.layers]
+    beams = Beams(batch_size, num_beams, steps, bounds, eos_token_ids, pad_token_id, decoder_start_token_id,
+                  length_penalty, early_stopping)
     for step in range(steps):
-        length = step + 1  # new tokens once this step's token is added
-        hidden = decoder.embed(decoder.embed_tokens(running[:, :, step].reshape(-1))[:, None], offset=step)
+        tokens = beams.running[:, :, step].reshape(-1)
+        hidden = decoder.embed(decoder.embed_tokens(tokens)[:, None], offset=step)
         for state in layers:
             hidden = state.step(hidden, step, source_mask)
         log_probs = model.lm_head(decoder.final_norm(hidden)[:, 0]).float().log_softmax(dim=-1)  # (B·K, V)
-        if step < min_new_tokens and len(end_tokens):
-            log_probs[:, end_tokens] = float("-inf")
-        active, vocab_size = running.shape[0], log_probs.shape[-1]
-        totals = (log_probs.view(active, beams, vocab_size) + running_scores[:, :, None]).view(active, -1)
-        scores, picked = torch.topk(totals, candidates_kept)  # (B, 2K)
-        parents, tokens = picked // vocab_size, picked % vocab_size
-        candidates = torch.take_along_dim(running, parents[:, :, None], dim=1)  # (B, 2K, 1 + N)
-        candidates[:, :, length] = tokens
-        ends = torch.isin(tokens, end_tokens) | (bounds[:, None] <= length)
-
-        going_on = scores + ends.to(torch.float32) * NEVER
-        kept = torch.topk(going_on, beams).indices  # (B, K)
-        running = torch.take_along_dim(candidates, kept[:, :, None], dim=1)
-        running_scores = torch.take_along_dim(going_on, kept, dim=1)
-        # (B, K): the row (of the B·K now searched) that each new beam continues
-        parent_rows = torch.take_along_dim(parents, kept, dim=1) + row_offsets
-
-        just_finished = ends & among_best
-        final_scores = scores / (length**length_penalty)
-        final_scores += (is_finished.all(dim=-1, keepdim=True) & (early_stopping is True)).to(torch.float32) * NEVER
-        final_scores += (~improvable).to(torch.float32) * NEVER
-        final_scores += (~just_finished) * NEVER
-        best = torch.topk(torch.cat((finished_scores, final_scores), dim=1), beams).indices
-        finished = torch.take_along_dim(torch.cat((finished, candidates), dim=1), best[:, :, None], dim=1)
-        finished_scores = torch.take_along_dim(torch.cat((finished_scores, final_scores), dim=1), best, dim=1)
-        finished_lengths = torch.take_along_dim(
-            torch.cat((finished_lengths, torch.full_like(scores, length, dtype=torch.long)), dim=1), best, dim=1)
-        is_finished = torch.take_along_dim(torch.cat((is_finished, just_finished), dim=1), best, dim=1)
-
-        best_length = steps if early_stopping == "never" and length_penalty > 0.0 else length
-        best_possible = running_scores[:, :1] / (best_length**length_penalty)
-        worst_finished = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True).values, NEVER)
-        improvable &= (best_possible > worst_finished).any(dim=-1, keepdim=True)
-        # a source whose finished hypotheses can no longer change leaves the batch (generate() computes it on)
-        done = ~improvable[:, 0] | (is_finished.all(dim=-1) & (early_stopping is True))
-        if done.all() or ends.all():
+        if step < min_new_tokens and len(eos_token_ids):
+            log_probs[:, beams.end_tokens] = float("-inf")
+        parent_rows, done, all_ended = beams.advance(log_probs, length=step + 1)
+        if done.all() or all_ended:
             break
         if done.any():
-            results[0][sources[done]], results[1][sources[done]], results[2][sources[done]] = (
-                finished[done], finished_scores[done], finished_lengths[done])
             going = (~done).nonzero()[:, 0]
-            sources, bounds, improvable, parent_rows = (sources[going], bounds[going], improvable[going],
-                                                        parent_rows[going])
-            running, running_scores, finished, finished_scores, finished_lengths, is_finished = (
-                tensor[going] for tensor in (running, running_scores, finished, finished_scores, finished_lengths,
-                                             is_finished))
+            parent_rows = beams.leave(done, going, parent_rows)
             source_mask = None if source_mask is None else source_mask[going]
-            row_offsets = row_offsets[: len(going)]
             for state in layers:
                 state.keep_sources(going)
         for state in layers:  # the parents' keys and values, of the sources that go on
             state.reorder(parent_rows.view(-1), filled=step + 1)
-    results[0][sources], results[1][sources], results[2][sources] = finished, finished_scores, finished_lengths
-    finished, finished_scores, finished_lengths = results
-    returned = num_return_sequences
-    output_length = 1 + int(finished_lengths[:, :returned].max())
-    sequences = finished[:, :returned, :output_length].reshape(batch_size * returned, output_length)
-    return sequences, finished_scores[:, :returned].reshape(-1)
+    return beams.best(num_return_sequences)
+
+
+class Beams:
+    """The hypotheses of beam search for the B sources still searched, as transformers' `_beam_search` keeps them:
+    K running beams (B, K, 1 + N) with their scores, K finished hypotheses with their length-penalised scores and
+    lengths, and whether a source's finished ones can still improve. Sources that leave are kept in `results`."""
+
+    def __init__(self, batch_size: int, beams: int, steps: int, bounds: torch.Tensor, eos_token_ids: list[int],
+                 pad_token_id: int, decoder_start_token_id: int, length_penalty: float, early_stopping: bool | str):
+        device = bounds.device
+        self.beams, self.steps, self.bounds = beams, steps, bounds
+        self.length_penalty, self.early_stopping = length_penalty, early_stopping
+        self.end_tokens = torch.tensor(eos_token_ids, device=device, dtype=torch.long)
+        self.candidates_kept = max(2, 1 + len(eos_token_ids)) * beams
+        self.among_best = torch.arange(self.candidates_kept, device=device) < beams  # candidates that may finish
+        fill = (pad_token_id or eos_token_ids[0]) if eos_token_ids else -1  # generate()'s padding of beam outputs
+        self.running = torch.full((batch_size, beams, 1 + steps), fill, dtype=torch.long, device=device)
+        self.running[:, :, 0] = decoder_start_token_id
+        self.running_scores = torch.zeros(batch_size, beams, device=device)
+        self.running_scores[:, 1:] = NEVER  # the first step extends the first beam only
+        self.finished = self.running.clone()
+        self.finished_scores = torch.full((batch_size, beams), NEVER, device=device)
+        self.finished_lengths = torch.zeros(batch_size, beams, dtype=torch.long, device=device)  # new tokens
+        self.is_finished = torch.zeros(batch_size, beams, dtype=torch.bool, device=device)
+        self.improvable = torch.ones(batch_size, 1, dtype=torch.bool, device=device)
+        self.row_offsets = torch.arange(batch_size, device=device)[:, None] * beams  # (B, 1): a source's first row
+        self.sources = torch.arange(batch_size, device=device)  # the source of each row still searched
+        self.results = (self.finished.clone(), self.finished_scores.clone(), self.finished_lengths.clone())
+
+    def advance(self, log_probs: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """One step from the beams' next-token log-probabilities (B·K, V), `length` new tokens once added: the row
+        each new beam continues (B, K), which sources are done (B,), and whether every candidate ended."""
+        active, vocab_size = self.running.shape[0], log_probs.shape[-1]
+        totals = (log_probs.view(active, self.beams, vocab_size) + self.running_scores[:, :, None]).view(active, -1)
+        scores, picked = torch.topk(totals, self.candidates_kept)  # (B, 2K)
+        parents, tokens = picked // vocab_size, picked % vocab_size
+        candidates = torch.take_along_dim(self.running, parents[:, :, None], dim=1)  # (B, 2K, 1 + N)
+        candidates[:, :, length] = tokens
+        ends = torch.isin(tokens, self.end_tokens) | (self.bounds[:, None] <= length)
+
+        going_on = scores + ends.to(torch.float32) * NEVER
+        kept = torch.topk(going_on, self.beams).indices  # (B, K)
+        self.running = torch.take_along_dim(candidates, kept[:, :, None], dim=1)
+        self.running_scores = torch.take_along_dim(going_on, kept, dim=1)
+        parent_rows = torch.take_along_dim(parents, kept, dim=1) + self.row_offsets
+        self.add_finished(candidates, scores, ends & self.among_best, length)
+
+        best_length = self.steps if self.early_stopping == "never" and self.length_penalty > 0.0 else length
+        best_possible = self.running_scores[:, :1] / (best_length**self.length_penalty)
+        worst_finished = torch.where(self.is_finished, self.finished_scores.min(dim=1, keepdim=True).values, NEVER)
+        self.improvable &= (best_possible > worst_finished).any(dim=-1, keepdim=True)
+        done = ~self.improvable[:, 0] | (self.is_finished.all(dim=-1) & (self.early_stopping is True))
+        return parent_rows, done, bool(ends.all())
+
+    def add_finished(self, candidates: torch.Tensor, scores: torch.Tensor, just_finished: torch.Tensor, length: int):
+        """The candidates that ended among the K best join the finished hypotheses if better than the worst there,
+        unless the source is full (early_stopping True) or can no longer improve."""
+        final_scores = scores / (length**self.length_penalty)
+        full = self.is_finished.all(dim=-1, keepdim=True) & (self.early_stopping is True)
+        final_scores += full.to(torch.float32) * NEVER
+        final_scores += (~self.improvable).to(torch.float32) * NEVER
+        final_scores += (~just_finished) * NEVER
+        best = torch.topk(torch.cat((self.finished_scores, final_scores), dim=1), self.beams).indices
+        lengths = torch.full_like(scores, length, dtype=torch.long)
+        self.finished = torch.take_along_dim(torch.cat((self.finished, candidates), dim=1), best[:, :, None], dim=1)
+        self.finished_scores, self.finished_lengths, self.is_finished = (
+            torch.take_along_dim(torch.cat(pair, dim=1), best, dim=1)
+            for pair in ((self.finished_scores, final_scores), (self.finished_lengths, lengths),
+                         (self.is_finished, just_finished)))
+
+    def leave(self, done: torch.Tensor, going: torch.Tensor, parent_rows: torch.Tensor) -> torch.Tensor:
+        """The done sources' hypotheses go to `results`; the others (`going`) stay. Returns their parent rows."""
+        for result, tensor in zip(self.results, (self.finished, self.finished_scores, self.finished_lengths)):
+            result[self.sources[done]] = tensor[done]
+        for name in ("sources", "bounds", "improvable", "running", "running_scores", "finished", "finished_scores",
+                     "finished_lengths", "is_finished"):
+            setattr(self, name, getattr(self, name)[going])
+        self.row_offsets = self.row_offsets[: len(going)]
+        return parent_rows[going]
+
+    def best(self, returned: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `returned` best finished hypotheses of every source (B·R, 1 + N) and their scores (B·R,)."""
+        for result, tensor in zip(self.results, (self.finished, self.finished_scores, self.finished_lengths)):
+            result[self.sources] = tensor
+        finished, scores, lengths = self.results
+        output_length = 1 + int(lengths[:, :returned].max())
+        return (finished[:, :returned, :output_length].reshape(-1, output_length),
+                scores[:, :returned].reshape(-1))
 
 
 # positions the self-attention buffers hold at first (LayerState.grow doubles them)
