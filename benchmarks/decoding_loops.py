@@ -16,7 +16,6 @@ Writes results/decoding_loops.json and .md.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import common
@@ -57,12 +56,15 @@ def main(argv: list[str] | None = None) -> None:
                  "beam4_b1": (sources[: args.batch1_sentences], 4, 1)}
     results = {"model": str(args.model), "workloads": {}}
     for workload, (texts, beams, batch) in workloads.items():
-        seconds, outputs = {name: [] for name in backends}, {}
-        for repeat in range(args.repeats):
-            for name in common.alternate(list(backends), repeat):
-                started = time.perf_counter()
-                outputs[name] = run(backends[name], tokenizer, texts, beams, batch)
-                seconds[name].append(time.perf_counter() - started)
+        outputs = {}
+
+        def translating(name, backend):
+            def call():
+                outputs[name] = run(backend, tokenizer, texts, beams, batch)
+            return call
+
+        seconds = common.time_alternating({name: translating(name, backend) for name, backend in backends.items()},
+                                          args.repeats, warmup=0)
         if outputs["ours"] != outputs["generate"]:
             differ = sum(a != b for a, b in zip(outputs["ours"], outputs["generate"]))
             raise SystemExit(f"{workload}: {differ} of {len(texts)} translations differ between the loops and "

@@ -127,15 +127,19 @@ def settings_are_plain(config) -> bool:
     return True
 
 
-def search(model, call: DecodingCall) -> torch.Tensor:
-    """The sequences generate() returns for `call`: `greedy_search`'s or `beam_search`'s."""
-    common = dict(input_ids=call.input_ids, attention_mask=call.attention_mask, max_new_tokens=call.max_new_tokens,
+def search(model, call: DecodingCall, max_new_tokens: torch.Tensor | None = None,
+           with_log_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`greedy_search` or `beam_search` for `call`: (sequences, scores). Scores: beam search's sequence scores; in
+    greedy search each token's log-probability with `with_log_probs`, else None. `max_new_tokens` (B,) replaces the
+    call's one bound by a bound per source."""
+    common = dict(input_ids=call.input_ids, attention_mask=call.attention_mask,
+                  max_new_tokens=call.max_new_tokens if max_new_tokens is None else max_new_tokens,
                   eos_token_ids=call.eos_token_ids, pad_token_id=call.pad_token_id,
                   decoder_start_token_id=call.decoder_start_token_id, min_new_tokens=call.min_new_tokens)
     if call.num_beams == 1:
-        return greedy_search(model, **common)[0]
+        return greedy_search(model, **common, with_log_probs=with_log_probs)
     return beam_search(model, **common, num_beams=call.num_beams, length_penalty=call.length_penalty,
-                       early_stopping=call.early_stopping, num_return_sequences=call.num_return_sequences)[0]
+                       early_stopping=call.early_stopping, num_return_sequences=call.num_return_sequences)
 
 
 @torch.no_grad()
@@ -191,7 +195,7 @@ def greedy_search(
             source_mask = None if source_mask is None else source_mask[going]
             for state in layers:
                 state.keep_sources(going)
-                state.keep_rows(going, filled=step + 1)
+                state.reorder(going, filled=step + 1)
     taken = step + 1 if steps else 0
     return sequences[:, : 1 + taken], (log_probs[:, :taken] if with_log_probs else None)
 
@@ -353,10 +357,9 @@ class LayerState:
         self.heads, self.head_dim = self_attention.num_heads, self_attention.head_dim
         self.scaling = self_attention.scaling
         self.beams = beams
-        self.self_query, self.self_key, self.self_value, self.self_output, self.cross_query, self.cross_output = (
-            (linear.weight, linear.bias) for linear in (self_attention.q_proj, self_attention.k_proj,
-                                                        self_attention.v_proj, self_attention.out_proj,
-                                                        cross_attention.q_proj, cross_attention.out_proj))
+        self.self_output, self.cross_query, self.cross_output = (
+            (linear.weight, linear.bias) for linear in (self_attention.out_proj, cross_attention.q_proj,
+                                                        cross_attention.out_proj))
         # the new position's query, key and value in one product (B·K, 1, 3D): one call instead of three
         projections = (self_attention.q_proj, self_attention.k_proj, self_attention.v_proj)
         self.self_query_key_value = (torch.cat([linear.weight for linear in projections]),
@@ -429,13 +432,9 @@ class LayerState:
         self-attention keys and values."""
         self.cross_keys, self.cross_values = self.cross_keys[sources], self.cross_values[sources]
 
-    def keep_rows(self, rows: torch.Tensor, filled: int):
-        """Greedy search: only these rows go on (their keys and values of the `filled` positions kept)."""
-        self.reorder(rows, filled)
-
     def reorder(self, rows: torch.Tensor, filled: int):
-        """Beam search: row i of the self-attention keys and values becomes row rows[i] (its beam's parent), for the
-        `filled` positions written so far; rows may be fewer than before (sources that left). They are gathered into
+        """Row i of the self-attention keys and values becomes row rows[i] (in beam search its beam's parent), for
+        the `filled` positions written so far; rows may be fewer than before (rows or sources that left). Gathered into
         a second pair of buffers, which then become the first: one copy of the filled positions (indexing in place
         copies twice, and took about twice as long)."""
         if self.spare is None:
@@ -445,10 +444,3 @@ class LayerState:
         torch.index_select(self.self_values[:, :, :filled], 0, rows, out=spare_values[:, :, :filled])
         self.spare = (self.self_keys, self.self_values)
         self.self_keys, self.self_values = spare_keys, spare_values
-
-    def attend(self, hidden: torch.Tensor, query_projection: tuple, output_projection: tuple, keys: torch.Tensor,
-               values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """One query position (B·K, 1, D) over keys and values (B·K, H, L, Dh) -> (B·K, 1, D)."""
-        query = self.split_heads(F.linear(hidden, *query_projection))  # (B, H, 1, Dh)
-        output = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=self.scaling)
-        return F.linear(output.transpose(1, 2).reshape(hidden.shape), *output_projection)

@@ -618,7 +618,7 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
         call = plain_decoding(self, inputs, generation_config, kwargs)
         if call is None:
             return super().generate(inputs, generation_config, **kwargs)
-        return search(self, call)
+        return search(self, call)[0]
 
 
 # Saving a model also copies this file and its configuration into the directory (remote code).

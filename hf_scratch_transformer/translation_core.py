@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from .errors import UsageError
-from .decoding import beam_search, greedy_search, plain_decoding
+from .decoding import plain_decoding, search
 from .documents import Unit, model_text, source_language, split_document, split_long
 from .glossary import Glossary
 from .glossary import report as glossary_report
@@ -405,14 +405,9 @@ class TorchBackend:
     def _search(self, call, bounds: list[int], with_scores: bool) -> list[list[tuple[list[int], float | None]]]:
         """decoding.py's greedy or beam search with each source's own bound: the hypotheses generate() gives, in
         less time."""
-        settings = {**vars(call), "max_new_tokens": torch.tensor(bounds, device=call.input_ids.device)}
         greedy = call.num_beams == 1
-        for name in ("num_beams", "num_return_sequences", "length_penalty", "early_stopping") if greedy else ():
-            settings.pop(name)
-        if greedy:
-            sequences, log_probs = greedy_search(self.model, **settings, with_log_probs=with_scores)
-        else:
-            sequences, beam_scores = beam_search(self.model, **settings)
+        sequences, scores = search(self.model, call, torch.tensor(bounds, device=call.input_ids.device),
+                                   with_log_probs=with_scores)
         returned = call.num_return_sequences
         hypotheses = []
         for row, ids in enumerate(sequences.tolist()):
@@ -420,9 +415,9 @@ class TorchBackend:
             if not with_scores:
                 score = None
             elif greedy:
-                score = float(log_probs[row, : len(ids)].sum()) / max(len(ids), 1) ** self.length_penalty
+                score = float(scores[row, : len(ids)].sum()) / max(len(ids), 1) ** self.length_penalty
             else:
-                score = float(beam_scores[row])
+                score = float(scores[row])
             hypotheses.append((ids, score))
         return [hypotheses[i : i + returned] for i in range(0, len(hypotheses), returned)]
 

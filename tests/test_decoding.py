@@ -171,27 +171,36 @@ def test_bounds_per_row_and_step_log_probs_are_generate_s(trained, batch):
         assert (sequences[row, 1 + bound :] == 0).all()
 
 
+def rows_embedded_per_step(model, monkeypatch, search) -> tuple:
+    """(what `search()` returns, the rows the decoder embedded at each step): how many rows each step computed."""
+    rows_embedded = []
+    embed = model.model.decoder.embed_tokens
+    with monkeypatch.context() as patch:
+        patch.setattr(embed, "forward", lambda tokens: rows_embedded.append(tokens.shape[0]) or type(embed).forward(
+            embed, tokens))
+        return search(), rows_embedded
+
+
 def test_ended_rows_leave_the_greedy_batch(trained, batch, monkeypatch):
     """Rows that ended stop being computed (a quarter of the batch at a time), and the tokens stay generate()'s."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
     bounds = [47] + [2] * (ids.shape[0] - 1)
-    rows_embedded = []
-    embed = trained.model.decoder.embed_tokens
-    with monkeypatch.context() as patch:
-        patch.setattr(embed, "forward", lambda tokens: rows_embedded.append(tokens.shape[0]) or type(embed).forward(
-            embed, tokens))
-        sequences, _ = greedy_search(trained, ids, mask, torch.tensor(bounds), eos_token_ids=[2], pad_token_id=0,
-                                     decoder_start_token_id=1)
+    (sequences, _), rows_embedded = rows_embedded_per_step(trained, monkeypatch, lambda: greedy_search(
+        trained, ids, mask, torch.tensor(bounds), eos_token_ids=[2], pad_token_id=0, decoder_start_token_id=1))
     assert rows_embedded[0] == ids.shape[0] and rows_embedded[-1] == 1 and len(rows_embedded) > 5, rows_embedded
     reference = transformers_generate(trained, ids, attention_mask=mask, num_beams=1, max_new_tokens=47,
                                       stopping_criteria=[SourceLengthBound(bounds)])
     assert torch.equal(sequences, reference)
 
 
+@pytest.mark.parametrize("decoding", [
+    dict(num_beams=1),
+    dict(num_beams=4, num_return_sequences=2),
+], ids=["greedy", "beam_nbest"])
 def test_the_translation_backend_gives_the_hypotheses_and_scores_of_generate(trained, tiny_tokenizer, pairs,
-                                                                             monkeypatch):
+                                                                             monkeypatch, decoding):
     sources = [source for source, _ in pairs] + ["", pairs[0][0] * 3]
-    options = DecodingOptions(num_beams=1, with_scores=True, max_len_a=0.5, max_len_b=2)  # bounds differ per source
+    options = DecodingOptions(**decoding, with_scores=True, max_len_a=0.5, max_len_b=2)  # bounds differ per source
     fast = translate_batches(TorchBackend(trained), tiny_tokenizer, sources, options)
     monkeypatch.setattr(TorchBackend, "_plain_call", lambda *args: None)
     reference = translate_batches(TorchBackend(trained), tiny_tokenizer, sources, options)
@@ -255,13 +264,9 @@ def test_a_source_that_runs_to_its_bound_does_not_hold_the_others(trained, batch
     ended costs the steps of one source, and every source's hypotheses are still generate()'s."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
     bounds = [47] + [6] * (ids.shape[0] - 1)
-    rows_embedded = []
-    embed = trained.model.decoder.embed_tokens
-    with monkeypatch.context() as patch:
-        patch.setattr(embed, "forward", lambda tokens: rows_embedded.append(tokens.shape[0]) or type(embed).forward(
-            embed, tokens))
-        sequences, _ = beam_search(trained, ids, mask, torch.tensor(bounds), eos_token_ids=[2], pad_token_id=0,
-                                   decoder_start_token_id=1, num_beams=4, early_stopping=True)
+    (sequences, _), rows_embedded = rows_embedded_per_step(trained, monkeypatch, lambda: beam_search(
+        trained, ids, mask, torch.tensor(bounds), eos_token_ids=[2], pad_token_id=0, decoder_start_token_id=1,
+        num_beams=4, early_stopping=True))
     assert rows_embedded[0] == 4 * ids.shape[0] and rows_embedded[-1] == 4 and len(rows_embedded) > 10, rows_embedded
     reference = transformers_generate(trained, ids, attention_mask=mask, num_beams=4, max_new_tokens=47,
                                       early_stopping=True, stopping_criteria=[SourceLengthBound(bounds)])
@@ -281,15 +286,3 @@ def test_the_self_attention_buffers_grow_as_sentences_do(trained, batch, monkeyp
     ours = trained.generate(**batch, **options)
     assert sorted(set(grown)) == [3, 6, 12, 24]
     assert torch.equal(ours, transformers_generate(trained, **batch, **options))
-
-
-def test_the_translation_backend_gives_the_beam_hypotheses_and_scores_of_generate(trained, tiny_tokenizer, pairs,
-                                                                                  monkeypatch):
-    sources = [source for source, _ in pairs] + ["", pairs[0][0] * 3]
-    options = DecodingOptions(num_beams=4, num_return_sequences=2, with_scores=True, max_len_a=0.5, max_len_b=2)
-    fast = translate_batches(TorchBackend(trained), tiny_tokenizer, sources, options)
-    monkeypatch.setattr(TorchBackend, "_plain_call", lambda *args: None)
-    reference = translate_batches(TorchBackend(trained), tiny_tokenizer, sources, options)
-    assert [[h.token_ids for h in row] for row in fast] == [[h.token_ids for h in row] for row in reference]
-    assert [h.score for row in fast for h in row] == pytest.approx([h.score for row in reference for h in row],
-                                                                    abs=1e-5)
