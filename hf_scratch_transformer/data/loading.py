@@ -83,7 +83,7 @@ class DataArguments:
         default=3.0,
         metadata={"help": "Drop training pairs whose source/target token-length ratio exceeds this (or 1/this)."},
     )
-    tokenizer_vocab_size: int = field(default=4000, metadata={"help": "Vocabulary size of the joint BPE tokenizer."})
+    tokenizer_vocab_size: int = field(default=8000, metadata={"help": "Vocabulary size of the joint BPE tokenizer."})
     mask_protected_spans: bool = field(
         default=True,
         metadata={"help": "Mask the placeholders, markup, URLs and e-mail addresses both sides of a training pair "
