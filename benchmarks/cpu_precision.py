@@ -4,7 +4,8 @@
     python benchmarks/cpu_precision.py --threads 1 --passes 4
     python benchmarks/cpu_precision.py --busy                # one core spun by another process
 
-Two copies of the same model (the `small` preset, BPE 4,000: train.py's defaults), each with its own fused Adam,
+Two copies of the same model (the `small` preset and train.py's default BPE vocabulary; the results record
+`vocab_size`: 4,000 in the files of before its default became 8,000), each with its own fused Adam,
 train on the same train.py batches: one in fp32, one under `torch.autocast("cpu", dtype=torch.bfloat16)` (what
 Accelerate's `mixed_precision="bf16"`, i.e. `--bf16`, does). The step is train.py's: forward with label smoothing
 0.1, backward, gradient clipping, Adam. The two are timed in alternation (ABAB), a pass over the batches each, and
@@ -30,6 +31,7 @@ from cpu_threads import start_hog
 from training_throughput import make_step
 
 from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
+from hf_scratch_transformer.data.loading import DataArguments
 
 
 def training_pass(model, optimizer, batches: list[dict], bf16: bool):
@@ -109,7 +111,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=12, help="train.py batches per pass")
     parser.add_argument("--passes", type=int, default=6, help="timed passes per precision (ABAB)")
     parser.add_argument("--max_tokens", type=int, default=1024)
-    parser.add_argument("--vocab_size", type=int, default=4000)
+    parser.add_argument("--vocab_size", type=int, default=DataArguments.tokenizer_vocab_size)
     parser.add_argument("--preset", default="small", help="model size (results: cpu_precision.json for small, "
                         "cpu_precision_PRESET.json for the others; cpu_precision_amx*.json on a CPU with AMX)")
     parser.add_argument("--busy", action="store_true", help="measure with one core busy: a process spinning on the "

@@ -9,8 +9,9 @@ preprocessing workers, and --streaming.
 The corpora are the shipped training pairs repeated, every copy made distinct by a number in front of both sides
 ("3 In the beginning..."), written in the formats users have: plain-text pairs (train.en + train.es) and JSON Lines.
 Validation and test are the shipped files (64 pairs each are used). Each measurement is one `train.py` run in a fresh
-process (`--do_train --max_steps 1`, the tiny model, everything else train.py's defaults: a 4,000-token BPE trained
-on at most 500,000 sampled sentences, token batches of 1,024) whose phases are timed by wrapping the functions
+process (`--do_train --max_steps 1`, the tiny model, everything else train.py's defaults: a BPE of
+--tokenizer_vocab_size tokens (4,000 when results/data_scaling.* were measured, 8,000 today) trained on at most
+500,000 sampled sentences, token batches of 1,024) whose phases are timed by wrapping the functions
 train.py calls (`load_parallel_corpus`, `train_tokenizer_on_corpus`, `preprocess_corpus`, the first loss). Peak RSS
 is the process's maximum resident set (getrusage), and that of its worker processes (`--preprocessing_num_workers
 2`) apart. The first run of each configuration starts from an empty `datasets` cache (HF_DATASETS_CACHE); the second

@@ -10,8 +10,9 @@ eole lives in its own virtual environment (it must not enter this project's):
     python benchmarks/peer_eole.py --eole /work/venvs/eole/bin/eole                     # ~20-30 min on 2 cores
     python benchmarks/peer_eole.py --eole /work/venvs/eole/bin/eole --quick             # smoke: 20 steps, 8 sentences
 
-What is the same: the data are train.py's (the shipped corpus, train.py's joint BPE of 4,000 tokens trained as
-train.py trains it, train.py's length filters), written as eole's pre-tokenized input with our vocabulary as eole's
+What is the same: the data are train.py's (the shipped corpus, train.py's joint BPE of its default size
+(`vocab_size` in the results: 4,032 with the sentinels when the default was 4,000) trained as train.py trains it,
+train.py's length filters), written as eole's pre-tokenized input with our vocabulary as eole's
 shared vocabulary (eole's own subword models are not used); the model is the `small` preset (width 256, 3 + 3
 layers, 4 heads, FFN 1,024, ReLU, pre-norm, interleaved sinusoidal positions, shared and tied embeddings, biases on
 the projections, no dropout) with label smoothing 0.1 and Adam; batches are token-bucketed at 1,024 tokens counted
