@@ -294,7 +294,7 @@ def restore(protected: ProtectedText, translation: str, links: Links | None = No
             draft.insert(_relative_gap(protected, index, len(draft.words)), index)
             outcomes[index] = "position"
         source_order = True
-    return Restored(_render(draft.tokens(source_order), spans), outcomes)
+    return Restored(_render(draft.tokens(source_order), spans, protected.source), outcomes)
 
 
 def _place_sentinels(protected: ProtectedText, draft: _Draft, links: Links) -> list[str]:
@@ -431,9 +431,15 @@ def _tags_well_formed(spans: list[Span], tokens: list[str]) -> bool:
     return not stack
 
 
-def _render(tokens: list[str], spans: list[Span]) -> str:
+# a letter or digit of a script that puts spaces between words: not Chinese, Japanese, Thai, Lao, Myanmar or Khmer,
+# where a span written against a word is the normal case
+_SPACED_WORD_CHARACTER = r"[^\W\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
+
+
+def _render(tokens: list[str], spans: list[Span], source: str) -> str:
     """The tokens joined by spaces, each mark replaced by its span, glued to its neighbour where the source had
-    no white space on that side."""
+    no white space on that side, and parted from a letter or digit the model glued it to where the source's
+    span has none on that side (`el｟1｠amor` for `love, <b>%d</b>` is `el %d amor`, not `el%damor`)."""
     text = " ".join(tokens)
     for index, span in enumerate(spans):
         mark = _mark(index)
@@ -443,6 +449,12 @@ def _render(tokens: list[str], spans: list[Span]) -> str:
             text = text.replace(" " + mark, mark)
         if span.glued_after:
             text = text.replace(mark + " ", mark)
+        # an opening tag goes against the word it opens, a closing tag against the word it closes
+        opening, closing = span.pair is not None and span.pair > index, span.pair is not None and span.pair < index
+        if not closing and not re.match(r"\w", source[span.start - 1 : span.start]):
+            text = re.sub(rf"(?<={_SPACED_WORD_CHARACTER}){re.escape(mark)}", " " + mark, text)
+        if not opening and not re.match(r"\w", source[span.end : span.end + 1]):
+            text = re.sub(rf"{re.escape(mark)}(?={_SPACED_WORD_CHARACTER})", mark + " ", text)
     text = re.sub(" {2,}", " ", text).strip()
     return _MARK.sub(lambda m: spans[int(m.group(1))].replacement, text)
 
