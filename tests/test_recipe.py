@@ -7,9 +7,10 @@ import logging
 
 import pytest
 import torch
-from helpers import run_tiny, tiny_run_flags
+from helpers import REPO, run_tiny, tiny_run_flags
 
 from hf_scratch_transformer import ScratchTransformerConfig, cpu_threads
+from hf_scratch_transformer.data.loading import DataArguments
 from hf_scratch_transformer.training.arguments import RunArguments, parse_arguments
 from hf_scratch_transformer.training.augmentation import Augmentation
 from hf_scratch_transformer.training.recipe import (
@@ -227,3 +228,13 @@ def test_the_recipe_says_whether_protected_spans_are_masked(tmp_path):
     assert "masked by the same sentinel token (｟0｠ ... ｟31｠, in the new tokenizer, 32 tokens more" in lines["default"]
     assert lines["off"].startswith("protected spans: left as text (--mask_protected_spans false)")
     assert "in the tokenizer of --model_name_or_path, if it has them (else left as text)" in lines["loaded"]
+
+
+def test_readme_and_the_training_guide_name_the_default_vocabulary():
+    """README's recipe and docs/training.md's tokenizer paragraph state train.py's default BPE size: a changed
+    default fails here until both say it."""
+    size = DataArguments.tokenizer_vocab_size
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    guide = " ".join((REPO / "docs" / "training.md").read_text(encoding="utf-8").split())
+    assert f"joint BPE of {size:,};" in readme
+    assert f"(`--tokenizer_vocab_size`, default {size};" in guide
