@@ -57,3 +57,24 @@ def test_peer_eole_writes_eole_s_config_for_the_small_preset(tmp_path):
     assert small.decoder_layers == small.encoder_layers and small.decoder_ffn_dim == small.encoder_ffn_dim
     assert config["training"]["batch_size"] == 1024 and config["training"]["batch_type"] == "tokens"
     assert config["training"]["dropout"] == [0.0] and config["training"]["label_smoothing"] == 0.1
+
+
+def test_training_step_profile_times_train_py_and_the_bare_step_on_the_same_batches_and_groups_the_profile(tmp_path):
+    """A tiny train.py run through the benchmark: the loop's timed steps are those after the warm-up, the bare step
+    replays kept batches of that run, and the profile's matrix products are counted as such."""
+    from training_step_profile import main
+
+    threads = torch.get_num_threads()
+    results = main(["--steps", "7", "--warmup", "2", "--batches", "3", "--repeats", "1", "--profile_steps", "2",
+                    "--cpu_threads", "1", "--output", str(tmp_path / "t.json"),
+                    "--preset", "tiny", "--max_train_samples", "400", "--tokenizer_vocab_size", "600"])
+    torch.set_num_threads(threads)
+    assert results["loop"]["steps"] == 7 - 2  # batches after the one that closed step 2
+    assert results["bare"]["steps"] == 3 and results["bare"]["ms_per_step"] > 0
+    kept_tokens = results["bare"]["tokens_per_step"]
+    assert 0 < kept_tokens and results["loop"]["tokens_per_step"] > 0
+    groups = results["profile_ms_per_step"]
+    assert groups["matrix products"] > 0 and groups["softmax and loss"] > 0
+    assert results["precision"] == "fp32" and results["vocab_size"] < 1000
+    markdown = (tmp_path / "t.md").read_text()
+    assert "train.py's loop" in markdown and "--preset tiny" in markdown
