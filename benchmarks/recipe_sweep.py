@@ -129,12 +129,19 @@ def table() -> str:
     groups = {}
     for row in rows:
         groups.setdefault((row["corpus"], row["seed"]), []).append(row)
-    lines += ["", "The best variant on validation, per corpus and seed:", ""]
+    lines += ["", "The best variant on validation, per corpus and seed (a variant named by its flags: the defaults it "
+              "scales changed between runs):", ""]
+
+    def named(row: dict) -> str:
+        if row["flags"] and row["flags"] != "(none)":
+            return f"{row['variant']} (`{row['flags']}`)"
+        return f"{row['variant']} (of commit {row.get('commit', '?')})"
+
     for (corpus, seed), group in groups.items():
         chosen = max(group, key=lambda row: row["best_metric"] or 0)
-        lines.append(f"- {corpus}, seed {seed}: {chosen['variant']} (validation {chosen['best_metric']}, test "
+        lines.append(f"- {corpus}, seed {seed}: {named(chosen)} (validation {chosen['best_metric']}, test "
                      f"{chosen['predict_bleu_greedy']} / {chosen['predict_bleu']}) of "
-                     f"{', '.join(row['variant'] for row in group)}")
+                     f"{', '.join(named(row) for row in group)}")
     return "\n".join(lines) + "\n"
 
 
