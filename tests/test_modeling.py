@@ -71,6 +71,82 @@ def test_training_mode_returns_logits_and_the_loss_is_their_cross_entropy(tiny_c
     torch.testing.assert_close(output.loss, expected)
 
 
+def _loss_and_gradients(model, **kwargs):
+    model.zero_grad()
+    output = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS, label_smoothing=0.1, **kwargs)
+    output.loss.backward()
+    return output, {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("chunk_rows", [3, 256])  # 3: the 6 labelled positions span two chunks
+def test_the_chunked_loss_has_the_gradients_of_cross_entropy_over_the_logits(tiny_config, monkeypatch, chunk_rows):
+    """LabelSmoothedCrossEntropy forms its gradients itself: they must be autograd's through F.cross_entropy, for
+    every parameter (the tied output projection included), with or without the logits returned."""
+    monkeypatch.setattr(modeling.LabelSmoothedCrossEntropy, "CHUNK_ROWS", {"cpu": chunk_rows})
+    model = make_model(tiny_config)  # eval(): no dropout, so that the two forward passes agree
+    with torch.no_grad():  # an untrained model's near-uniform softmax would hide a wrong one-hot or ε term
+        model.lm_head.weight.mul_(20)
+    model.zero_grad()
+    decoder_input_ids = shift_tokens_right(LABELS, 0, 1)
+    logits = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, decoder_input_ids=decoder_input_ids).logits
+    reference_loss = F.cross_entropy(logits.flatten(0, 1), LABELS.flatten(), ignore_index=-100, label_smoothing=0.1)
+    reference_loss.backward()
+    reference = {name: p.grad.clone() for name, p in model.named_parameters()}
+    for return_logits in (True, False):
+        output, gradients = _loss_and_gradients(model, return_logits=return_logits)
+        torch.testing.assert_close(output.loss, reference_loss)
+        assert (output.logits is None) is not return_logits
+        for name, gradient in gradients.items():  # the sums run in another order: fp32 rounding apart
+            torch.testing.assert_close(gradient, reference[name], rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_the_chunked_loss_under_bf16_autocast_matches_autocast_cross_entropy(tiny_config):
+    """Under autocast the products run in bf16 and the softmax in fp32, as autocast runs F.linear + F.cross_entropy."""
+    model = make_model(tiny_config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)
+    model.zero_grad()
+    decoder_input_ids = shift_tokens_right(LABELS, 0, 1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, decoder_input_ids=decoder_input_ids).logits
+        reference_loss = F.cross_entropy(logits.flatten(0, 1).float(), LABELS.flatten(), label_smoothing=0.1)
+    reference_loss.backward()
+    reference = {name: p.grad.clone() for name, p in model.named_parameters()}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output, gradients = _loss_and_gradients(model, return_logits=False)
+    assert output.loss.dtype == torch.float32
+    torch.testing.assert_close(output.loss, reference_loss, rtol=1e-3, atol=1e-3)
+    floor = 0.01 * max(gradient.norm() for gradient in reference.values())  # k_proj.bias: 0 up to rounding
+    for name, gradient in gradients.items():
+        assert gradient.dtype == torch.float32
+        relative = (gradient - reference[name]).norm() / reference[name].norm().clamp(min=floor)
+        assert relative < 0.02, (name, relative.item())
+
+
+def test_a_frozen_output_projection_gets_no_gradient_and_the_rest_the_same(tiny_config):
+    """Fine-tuning with the (tied) embeddings frozen, as LoRA does: no gradient for them, the others' unchanged."""
+    model = make_model(tiny_config)
+    _, reference = _loss_and_gradients(model, return_logits=False)
+    model.lm_head.weight.requires_grad_(False)
+    model.zero_grad()
+    output = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS, label_smoothing=0.1,
+                   return_logits=False)
+    output.loss.backward()
+    assert model.lm_head.weight.grad is None
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(p.grad, reference[name], msg=name)
+
+
+def test_the_loss_of_a_batch_without_labelled_positions_is_zero_with_zero_gradients(tiny_config):
+    model = make_model(tiny_config).train()
+    labels = torch.full_like(LABELS, -100)
+    output = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=labels, return_logits=False)
+    output.loss.backward()
+    assert output.loss.item() == 0.0
+    assert model.lm_head.weight.grad.abs().sum() == 0
+
+
 def test_decoder_input_is_labels_shifted_right(tiny_config):
     shifted = shift_tokens_right(LABELS, pad_token_id=0, decoder_start_token_id=1)
     assert shifted.tolist() == [[1, 13, 14, 15], [1, 16, 2, 0]]

@@ -347,7 +347,8 @@ class TrainingLoop:
         from the labels); fp32 whatever the precision of the forward."""
         with self.autocast():
             outputs = self.train_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                       labels=batch["labels"], label_smoothing=self.args.label_smoothing_factor)
+                                       labels=batch["labels"], label_smoothing=self.args.label_smoothing_factor,
+                                       return_logits=False)
         return outputs.loss.float()
 
     def _after_step(self) -> None:
