@@ -12,12 +12,6 @@
    loop costs (data, augmentation, the tuner, logging, accumulation bookkeeping).
 3. `torch.profiler` over `--profile_steps` bare steps: time per operator, and grouped (matrix products, dtype casts,
    attention, the softmax and loss, the optimiser, the rest).
-4. train.py's loss (`return_logits=False`: `LabelSmoothedCrossEntropy`) against the logits + `F.cross_entropy` it
-   replaced: the bare step with each, `--compare_loss_passes` ABAB passes over the kept batches; with
-   `--loop_loss_blocks N`, also a second train.py run whose loop alternates the two every `--loop_loss_block_steps`
-   steps (N blocks each, after one of warm-up).
-
-    python benchmarks/training_step_profile.py --loop_loss_blocks 8    # + the loss in the loop: 680 more steps
 
 Results: `benchmarks/results/training_step_profile.json` and `.md` (machine, load, commit). The loop and the bare
 step run one after the other, not interleaved: on a shared machine their ratio carries its noise (the load averages
@@ -35,9 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 from common import RESULTS, git_commit, loadavg, machine_info, write_results
 
 from hf_scratch_transformer.modeling_scratch_transformer import ScratchTransformerForConditionalGeneration
-from hf_scratch_transformer.training.loop import (
-    TrainingCallback, TrainingLoop, mixed_precision_autocast, training_callbacks,
-)
+from hf_scratch_transformer.training.loop import TrainingCallback, mixed_precision_autocast, training_callbacks
 from hf_scratch_transformer.training.run import main as train_main
 
 # Operator groups of the profile (substrings of aten operator names, first match wins).
@@ -73,96 +65,15 @@ class BatchTimer(TrainingCallback):
             self.batches.append({key: batch[key].clone() for key in ("input_ids", "attention_mask", "labels")})
 
 
-def bare_step(model, optimizer, autocast, label_smoothing: float, return_logits: bool = False):
-    """train.py's step (return_logits=False: the chunked loss); return_logits=True: logits + F.cross_entropy."""
+def bare_step(model, optimizer, autocast, label_smoothing: float):
     def step(batch: dict) -> None:
         with autocast():
-            loss = model(**batch, label_smoothing=label_smoothing, return_logits=return_logits).loss.float()
+            loss = model(**batch, label_smoothing=label_smoothing, return_logits=False).loss.float()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return step
-
-
-def compare_losses(timer: "BatchTimer", passes: int) -> dict:
-    """The bare step with train.py's loss (LabelSmoothedCrossEntropy) and with the logits + F.cross_entropy it
-    replaces, alternated pass by pass (ABAB, the order flipped every pass) on the kept batches: ms per step."""
-    autocast = mixed_precision_autocast(timer.precision, torch.device("cpu"))
-    steps = {}
-    for name, return_logits in (("chunked loss", False), ("logits + F.cross_entropy", True)):
-        torch.manual_seed(0)
-        model = ScratchTransformerForConditionalGeneration(timer.config).train()
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
-        steps[name] = bare_step(model, optimizer, autocast, timer.label_smoothing, return_logits)
-        for batch in timer.batches[:3]:
-            steps[name](batch)
-    times = {name: [] for name in steps}
-    for number in range(passes):
-        for name in (list(steps) if number % 2 == 0 else list(steps)[::-1]):
-            started = time.perf_counter()
-            for batch in timer.batches:
-                steps[name](batch)
-            times[name].append(1000 * (time.perf_counter() - started) / len(timer.batches))
-    return {name: {"ms_per_step": statistics.median(values), "passes_ms": values} for name, values in times.items()}
-
-
-class LossFlipper(TrainingCallback):
-    """In train.py's own loop: blocks of `block` optimiser steps alternate train.py's loss and the logits +
-    F.cross_entropy one (the loop's `_loss` reads `self.return_logits`); the ms per step of each block."""
-
-    def __init__(self, block: int):
-        self.block, self.return_logits, self.started, self.blocks = block, False, None, []
-
-    def on_step_end(self, loop) -> None:
-        step = loop.state.global_step
-        if step % self.block:
-            return
-        now = time.perf_counter()
-        if self.started is not None:  # the first block is the warm-up
-            ms_per_step = 1000 * (now - self.started) / self.block
-            self.blocks.append({"return_logits": self.return_logits, "ms_per_step": ms_per_step})
-        self.return_logits = not self.return_logits
-        self.started = time.perf_counter()
-
-
-def compare_losses_in_the_loop(blocks: int, block: int, cpu_threads: int, train_flags: list[str]) -> dict:
-    """A second train.py run of (2 x `blocks` + 1) x `block` steps whose loss alternates block by block (ABAB)."""
-    flipper = LossFlipper(block)
-
-    def loss(loop, batch: dict) -> torch.Tensor:  # TrainingLoop._loss with the logits on or off
-        with loop.autocast():
-            outputs = loop.train_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                       labels=batch["labels"], label_smoothing=loop.args.label_smoothing_factor,
-                                       return_logits=flipper.return_logits)
-        return outputs.loss.float()
-
-    original, TrainingLoop._loss = TrainingLoop._loss, loss
-    try:
-        with tempfile.TemporaryDirectory() as output_dir, training_callbacks(flipper):
-            train_main(["--output_dir", output_dir, "--max_steps", str((2 * blocks + 1) * block), "--do_train",
-                        "true", "--cpu_threads", str(cpu_threads), "--save_steps", "0", "--eval_steps", "0",
-                        *train_flags])
-    finally:
-        TrainingLoop._loss = original
-    result = {}
-    for name, return_logits in (("chunked loss", False), ("logits + F.cross_entropy", True)):
-        values = [row["ms_per_step"] for row in flipper.blocks if row["return_logits"] == return_logits]
-        result[name] = {"ms_per_step": statistics.median(values), "passes_ms": values}
-    return result
-
-
-def loss_lines(losses: dict, where: str = "bare step") -> list[str]:
-    if not losses:
-        return []
-    chunked, reference = losses["chunked loss"], losses["logits + F.cross_entropy"]
-    return [
-        f"## The loss: train.py's against the logits + F.cross_entropy it replaces ({where}, ABAB)", "",
-        "| loss | ms / step (median) | passes or blocks (ms / step) |", "|---|---:|---|",
-        *[f"| {name} | {row['ms_per_step']:.1f} | {', '.join(f'{ms:.0f}' for ms in row['passes_ms'])} |"
-          for name, row in losses.items()], "",
-        f"train.py's loss takes {chunked['ms_per_step'] / reference['ms_per_step']:.2f}x the time per step.", "",
-    ]
 
 
 def grouped(table) -> dict[str, float]:
@@ -183,12 +94,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batches", type=int, default=60, help="batches kept for the bare step")
     parser.add_argument("--repeats", type=int, default=3, help="bare passes over the kept batches (median)")
     parser.add_argument("--profile_steps", type=int, default=10)
-    parser.add_argument("--loop_loss_blocks", type=int, default=0,
-                        help="blocks of each loss in a second train.py run that alternates them (0: not run)")
-    parser.add_argument("--loop_loss_block_steps", type=int, default=40, help="optimiser steps per block")
-    parser.add_argument("--compare_loss_passes", type=int, default=6,
-                        help="ABAB passes of the bare step with train.py's loss against logits + F.cross_entropy "
-                             "(0: not compared)")
     parser.add_argument("--cpu_threads", type=int, default=2, help="train.py's --cpu_threads, and the bare step's")
     parser.add_argument("--note", default="", help="what else ran on the machine")
     parser.add_argument("--output", default=str(RESULTS / "training_step_profile.json"))
@@ -228,9 +133,6 @@ def main(argv: list[str] | None = None) -> dict:
             step(batch)
     events = profiler.key_averages()
     groups = grouped(events)
-    losses = compare_losses(timer, args.compare_loss_passes) if args.compare_loss_passes else {}
-    loop_losses = (compare_losses_in_the_loop(args.loop_loss_blocks, args.loop_loss_block_steps, args.cpu_threads,
-                                              train_flags) if args.loop_loss_blocks else {})
     total = sum(groups.values())
     results = {
         "settings": vars(args) | {"train_flags": train_flags}, "machine": machine_info(args.cpu_threads),
@@ -242,7 +144,6 @@ def main(argv: list[str] | None = None) -> dict:
                  "ms_per_step": 1000 * bare_seconds / len(timer.batches),
                  "tokens_per_step": bare_tokens / len(timer.batches), "tokens_per_second": bare_tokens / bare_seconds},
         "profile_ms_per_step": {name: ms / args.profile_steps for name, ms in groups.items()},
-        "loss_comparison": losses, "loss_comparison_in_the_loop": loop_losses,
         "profile_top": [{"operator": e.key, "self_ms_per_step": e.self_cpu_time_total / 1000 / args.profile_steps,
                          "calls_per_step": e.count / args.profile_steps}
                         for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:15]],
@@ -263,7 +164,6 @@ def main(argv: list[str] | None = None) -> dict:
         f"| bare step (forward, backward, clipping, fused Adam) | {bare['steps']} | {bare['ms_per_step']:.1f} | "
         f"{bare['tokens_per_step']:.0f} | {bare['tokens_per_second']:,.0f} |", "",
         f"Bare passes: {', '.join(f'{s:.2f} s' for s in passes)}.", "",
-        *loss_lines(losses), *loss_lines(loop_losses, "train.py's loop, blocks of steps"),
         f"## torch.profiler, {args.profile_steps} bare steps (self CPU time per step, grouped)", "",
         "| group | ms / step | share |", "|---|---:|---:|",
         *[f"| {name} | {ms / args.profile_steps:.1f} | {ms / total:.1%} |" for name, ms in groups.items()], "",

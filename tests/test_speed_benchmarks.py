@@ -67,7 +67,6 @@ def test_training_step_profile_times_train_py_and_the_bare_step_on_the_same_batc
     threads = torch.get_num_threads()
     results = main(["--steps", "7", "--warmup", "2", "--batches", "3", "--repeats", "1", "--profile_steps", "2",
                     "--cpu_threads", "1", "--output", str(tmp_path / "t.json"),
-                    "--loop_loss_blocks", "2", "--loop_loss_block_steps", "2",
                     "--preset", "tiny", "--max_train_samples", "400", "--tokenizer_vocab_size", "600"])
     torch.set_num_threads(threads)
     assert results["loop"]["steps"] == 7 - 2  # batches after the one that closed step 2
@@ -77,11 +76,5 @@ def test_training_step_profile_times_train_py_and_the_bare_step_on_the_same_batc
     groups = results["profile_ms_per_step"]
     assert groups["matrix products"] > 0 and groups["softmax and loss"] > 0
     assert results["precision"] == "fp32" and results["vocab_size"] < 1000
-    losses = results["loss_comparison"]  # the default's 6 ABAB passes, each loss's step timed on the kept batches
-    assert set(losses) == {"chunked loss", "logits + F.cross_entropy"}
-    assert all(len(row["passes_ms"]) == 6 and row["ms_per_step"] > 0 for row in losses.values())
-    in_loop = results["loss_comparison_in_the_loop"]  # 5 blocks of 2 steps: warm-up, then logits, chunked, ...
-    assert [len(row["passes_ms"]) for row in in_loop.values()] == [2, 2]
     markdown = (tmp_path / "t.md").read_text()
-    assert "train.py's loop" in markdown and "--preset tiny" in markdown and "x the time per step" in markdown
-    assert "blocks of steps" in markdown
+    assert "train.py's loop" in markdown and "--preset tiny" in markdown
