@@ -48,7 +48,6 @@ from common import (
 )
 
 from hf_scratch_transformer.cpu_threads import cpu_bf16_units
-from hf_scratch_transformer.modeling_scratch_transformer import ScratchTransformerForConditionalGeneration
 from hf_scratch_transformer.training.flops import PRECISION_DTYPES, matmul_flops, matmul_weights_per_token
 
 hf_logging.set_verbosity_error()
@@ -123,11 +122,8 @@ def measure_kernels(cfg) -> dict:
 
 # ------------------------------------------------------------------------------------------------- training
 def train_step(model, opt, batch, autocast=contextlib.nullcontext):
-    # ours trains as train.py does, without the (B, T, V) logits; Marian's forward always forms them
-    extra = {"return_logits": False} if isinstance(model, ScratchTransformerForConditionalGeneration) else {}
     with autocast():
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
-                    **extra)
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
     out.loss.float().backward()
     opt.step()
     opt.zero_grad(set_to_none=True)

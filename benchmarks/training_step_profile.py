@@ -68,7 +68,7 @@ class BatchTimer(TrainingCallback):
 def bare_step(model, optimizer, autocast, label_smoothing: float):
     def step(batch: dict) -> None:
         with autocast():
-            loss = model(**batch, label_smoothing=label_smoothing, return_logits=False).loss.float()
+            loss = model(**batch, label_smoothing=label_smoothing).loss.float()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

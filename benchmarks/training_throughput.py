@@ -59,7 +59,7 @@ def make_step(name: str, model, optimizer, device: torch.device, dtype: torch.dt
     def step(batch: dict) -> None:
         with autocast:
             if name == "scratch":
-                loss = model(**batch, label_smoothing=LABEL_SMOOTHING, return_logits=False).loss  # as train.py
+                loss = model(**batch, label_smoothing=LABEL_SMOOTHING).loss
             else:
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                labels=batch["labels"]).logits

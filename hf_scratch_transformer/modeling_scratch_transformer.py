@@ -528,67 +528,6 @@ class ScratchTransformerModel(ScratchTransformerPreTrainedModel):
         )
 
 
-class LabelSmoothedCrossEntropy(torch.autograd.Function):
-    """The training objective (§5.4): cross-entropy of softmax(hidden · Wᵀ) against the labels, with label smoothing
-    ε (each target keeps 1 - ε of its probability mass and ε is spread evenly over the vocabulary), averaged over the
-    labelled positions; the output projection W is part of it.
-
-    The same loss as `F.cross_entropy(F.linear(hidden, W).float(), labels, label_smoothing=ε)` without its fp32
-    (positions, V) tensors: the logits stay in the products' dtype (bf16 under autocast), their fp32 log-softmax and
-    gradient (softmax - (1 - ε) one-hot - ε / V) are formed a chunk of rows at a time, while the chunk is in the CPU's
-    cache, and the gradient overwrites the logits; the gradients of hidden and W are formed in the forward pass. On a
-    2-core Xeon with AMX (bf16, V = 8,032) a bare training step took 0.79x the time of F.cross_entropy's, train.py's
-    loop 0.94x (benchmarks/README.md, "Latest speed figures").
-    """
-
-    CHUNK_ROWS = {"cpu": 256}  # rows of fp32 log-probabilities at a time; 256 was the fastest of 64-512 on the CPU
-    CHUNK_ROWS_ELSEWHERE = 4096  # a GPU: fewer, larger kernels (not measured: no GPU was lent)
-
-    @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                smoothing: float) -> torch.Tensor:
-        """hidden (N, D), weight (V, D), labels (N) with -100 for positions without a label -> the mean loss ()."""
-        device = hidden.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-        needs_grad_hidden, needs_grad_weight = ctx.needs_input_grad[:2]
-        with torch.autocast(device, enabled=False):
-            rows = (labels != -100).nonzero().squeeze(1)  # the labelled positions (n)
-            inputs, targets = hidden.index_select(0, rows).to(dtype), labels.index_select(0, rows).unsqueeze(1)
-            projection, vocab_size = weight.to(dtype), weight.shape[0]
-            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-            logits = inputs @ projection.t()  # (n, V), overwritten chunk by chunk by its gradient
-            rows_per_chunk = LabelSmoothedCrossEntropy.CHUNK_ROWS
-            chunk_rows = rows_per_chunk.get(device, LabelSmoothedCrossEntropy.CHUNK_ROWS_ELSEWHERE)
-            for start in range(0, len(rows), chunk_rows):
-                chunk = slice(start, start + chunk_rows)
-                log_probs = torch.log_softmax(logits[chunk].float(), dim=-1)  # (c, V)
-                total -= ((1 - smoothing) * log_probs.gather(1, targets[chunk]).sum()
-                          + smoothing / vocab_size * log_probs.sum())
-                if needs_grad_hidden or needs_grad_weight:  # d loss / d logits = softmax - (1 - ε) one-hot - ε / V
-                    grad_logits = log_probs.exp_().sub_(smoothing / vocab_size)
-                    one_hot_part = grad_logits.new_full(targets[chunk].shape, smoothing - 1)
-                    logits[chunk] = grad_logits.scatter_add_(1, targets[chunk], one_hot_part)
-            grad_inputs = logits @ projection if needs_grad_hidden else None  # (n, D)
-            grad_weight = (logits.t() @ inputs).float() if needs_grad_weight else None  # (V, D)
-        count = max(len(rows), 1)
-        ctx.save_for_backward(grad_inputs, grad_weight, rows)
-        ctx.hidden_shape, ctx.hidden_dtype, ctx.weight_dtype = hidden.shape, hidden.dtype, weight.dtype
-        ctx.count = count
-        return total / count
-
-    @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor):
-        grad_inputs, grad_weight, rows = ctx.saved_tensors
-        scale = grad_loss / ctx.count
-        grad_hidden = grad_weight_out = None
-        if grad_inputs is not None:
-            grad_hidden = grad_inputs.new_zeros(ctx.hidden_shape, dtype=ctx.hidden_dtype)
-            grad_hidden.index_copy_(0, rows, (grad_inputs.float() * scale).to(ctx.hidden_dtype))
-        if grad_weight is not None:
-            grad_weight_out = (grad_weight * scale).to(ctx.weight_dtype)
-        return grad_hidden, grad_weight_out, None, None
-
-
 class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedModel, GenerationMixin):
     """The Transformer with its output projection to the target vocabulary: translation with `generate()`.
 
@@ -634,7 +573,6 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         label_smoothing: float = 0.0,
-        return_logits: bool = True,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         """Logits (B, T, V) over the target vocabulary, and the mean cross-entropy of those logits when `labels`
@@ -642,8 +580,7 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
 
         Without `decoder_input_ids` the decoder input is the labels shifted right (teacher forcing).
         `label_smoothing` (paper §5.4: 0.1) spreads that much of each target's probability mass over the
-        vocabulary in the loss. `return_logits=False` with labels returns the loss alone (logits None), computed by
-        LabelSmoothedCrossEntropy without ever forming the (B, T, V) logits whole: what train.py trains with.
+        vocabulary in the loss.
         """
         if labels is not None:
             use_cache = False
@@ -661,18 +598,12 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
             use_cache=use_cache,
             **kwargs,
         )
-        hidden_states = outputs.last_hidden_state  # (B, T, D)
-        logits = loss = None
-        if labels is not None and not return_logits:
-            loss = LabelSmoothedCrossEntropy.apply(
-                hidden_states.flatten(0, 1), self.lm_head.weight, labels.flatten(), label_smoothing
+        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, label_smoothing=label_smoothing
             )
-        else:
-            logits = self.lm_head(hidden_states)  # (B, T, V)
-            if labels is not None:  # the loss of the logits returned (transformers' contract)
-                loss = F.cross_entropy(
-                    logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, label_smoothing=label_smoothing
-                )
         # the base model's outputs (cache, hidden states, attentions) go on, its last hidden state became the logits
         return Seq2SeqLMOutput(loss=loss, logits=logits,
                                **{name: value for name, value in outputs.items() if name != "last_hidden_state"})

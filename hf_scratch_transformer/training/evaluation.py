@@ -90,8 +90,7 @@ def evaluation_loss(model, batches, device: torch.device) -> float:
     for batch in batches:
         labels = batch["labels"].to(device)
         mean_loss = model(
-            input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device), labels=labels,
-            return_logits=False,
+            input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device), labels=labels
         ).loss
         tokens = int((labels != -100).sum())
         total_loss += mean_loss.item() * tokens

@@ -347,8 +347,7 @@ class TrainingLoop:
         from the labels); fp32 whatever the precision of the forward."""
         with self.autocast():
             outputs = self.train_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                       labels=batch["labels"], label_smoothing=self.args.label_smoothing_factor,
-                                       return_logits=False)
+                                       labels=batch["labels"], label_smoothing=self.args.label_smoothing_factor)
         return outputs.loss.float()
 
     def _after_step(self) -> None:
