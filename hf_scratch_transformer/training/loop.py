@@ -27,7 +27,6 @@ from transformers import get_scheduler
 
 from .checkpointing import RunState, load_checkpoint, resume_settings
 from ..cpu_threads import thread_tuner
-from ..memory_allocator import describe_allocator
 from ..data.batching import TrainingBatches
 from .distributed import agree, any_process
 from ..errors import RunInterrupted, TrainingFault, UsageError
@@ -264,7 +263,6 @@ class TrainingLoop:
                                        num_training_steps=self.total_steps)
         self.non_finite, self.signals, self.window = NonFiniteLoss(accelerator.device), StopSignals(), LogWindow()
         self.progress, self._expected_time_logged, self.matmul_peak = None, False, None
-        self.memory_allocator = describe_allocator() if accelerator.device.type == "cpu" else None
 
     def resume(self, checkpoint: Path) -> None:
         """Model, optimiser, schedule, RNG states and position in the data from `checkpoint`."""
@@ -292,8 +290,6 @@ class TrainingLoop:
         if self.threads is not None:
             logger.info(self.threads.describe())
             self.threads.activate()
-        if self.is_main and self.memory_allocator is not None:
-            logger.info(f"memory allocator: {self.memory_allocator}")
         if self.is_main:
             logger.info(self.length.describe())
         for callback in self.callbacks:
@@ -481,7 +477,6 @@ class TrainingLoop:
             "train_precision": self.recipe.precision,
             **({"train_cpu_threads": self.threads.current, "train_cpu_thread_changes": self.threads.changes,
                 "train_cpu_thread_limit": self.threads.limit.describe()} if self.threads is not None else {}),
-            **({"train_memory_allocator": self.memory_allocator} if self.memory_allocator is not None else {}),
             "stop_reason": state.stop_reason,
             "stop_detail": self.stopping.detail() if state.stop_reason else None,
             **({"best_step": state.best_step, "best_metric": state.best_metric,

@@ -42,6 +42,7 @@ from .checkpointing import (
 from ..configuration_scratch_transformer import ScratchTransformerConfig
 from ..data.loading import CorpusError, DataArguments, load_parallel_corpus
 from ..data.batching import TrainingBatches
+from ..memory_allocator import describe_allocator
 from ..data.preprocessing import TrainingData, evaluation_pairs, make_collator, preprocess_corpus, sentence_tokens
 from .distributed import (
     check_launch,
@@ -317,9 +318,14 @@ def _training_batches(data: TrainingData, collator, tokenizer, paraphrases: dict
 def _train(trainer: TrainingLoop, model, data: TrainingData, args: RunArguments, output_dir: Path) -> dict:
     """Train (then average the last checkpoints on request): train_results.json's figures."""
     started = time.time()
+    allocator = describe_allocator() if trainer.accelerator.device.type == "cpu" else None
+    if allocator is not None and trainer.is_main:
+        logger.info(f"memory allocator: {allocator}")
     trainer.train()
     averaged = average_checkpoints(model, output_dir, args.average_checkpoints) if args.average_checkpoints > 1 else []
     phase = {**trainer.train_results(time.time() - started), "filtered": data.filter_report}
+    if allocator is not None:
+        phase["train_memory_allocator"] = allocator
     if averaged:
         phase["averaged_checkpoints"] = averaged
     return phase
