@@ -38,9 +38,9 @@ def loaded_allocator(maps: Path = Path("/proc/self/maps")) -> str | None:
     except OSError:
         return None
     for line in lines:
-        path = line.split(maxsplit=5)[5] if len(line.split(maxsplit=5)) == 6 else ""
-        if any(f"lib{name}" in Path(path).name for name in MALLOC_LIBRARIES):
-            return path
+        fields = line.split(maxsplit=5)  # address, perms, offset, device, inode[, path]
+        if len(fields) == 6 and any(f"lib{name}" in Path(fields[5]).name for name in MALLOC_LIBRARIES):
+            return fields[5]
     return None
 
 
