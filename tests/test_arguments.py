@@ -6,6 +6,7 @@ import pytest
 from helpers import MODEL_CARD_TEMPLATE, REPO, fails_with, run_tiny, tiny_run_flags
 
 from hf_scratch_transformer.training.arguments import parse_arguments
+from hf_scratch_transformer.training.recipe import dropout_for
 from hf_scratch_transformer.errors import UsageError
 from hf_scratch_transformer.training.run import run_training
 
@@ -64,13 +65,23 @@ def test_every_shipped_training_config_parses(config):
     assert args.output_dir.startswith("outputs/")
 
 
+def test_the_gpu_recipe_is_the_cpu_recipe_trained_longer():
+    """configs/gpu-en-es.yaml leaves the model's settings to the recipe: 16 epochs, so its dropout rule gives 0.1."""
+    model_args, data_args, args = parse_arguments([str(REPO / "configs" / "gpu-en-es.yaml")])
+    assert (args.num_train_epochs, data_args.max_tokens, data_args.tokenizer_vocab_size) == (16, 4096, 16000)
+    assert model_args.dropout is None and model_args.normalize_before is None  # the recipe decides
+    assert dropout_for(args.num_train_epochs)[0] == 0.1
+    assert (args.average_checkpoints, args.save_total_limit, args.bf16) == (5, 5, True)
+
+
 def test_the_gpu_recipe_runs_its_code_paths_on_a_cpu(tmp_path):
-    """configs/gpu-en-es.yaml's options (bf16, averaging, dropouts, loader workers), shrunk to a tiny run."""
+    """configs/gpu-en-es.yaml's options (bf16, averaging, loader workers), shrunk to a tiny run."""
     flags = tiny_run_flags(tmp_path, max_steps=4, save_steps=2, eval_steps=0, num_beams=1, do_train=True,
                            save_total_limit=None, dropout=None, tokenizer_vocab_size=600, bf16=None)
     results = run_training(*parse_arguments([str(REPO / "configs" / "gpu-en-es.yaml"), *flags]), MODEL_CARD_TEMPLATE)
     assert results["averaged_checkpoints"] == ["checkpoint-2", "checkpoint-4"]
     config = json.loads((tmp_path / "config.json").read_text())
-    assert (config["dropout"], config["attention_dropout"], config["activation_dropout"]) == (0.3, 0.1, 0.1)
+    assert config["dropout"] == dropout_for(results["recipe"]["planned_epochs"])[0]
+    assert config["normalize_before"] is True
     assert results["train_steps"] == 4 and results["train_loss"] > 0
     assert "; bf16 mixed precision; wall time" in (tmp_path / "README.md").read_text()
