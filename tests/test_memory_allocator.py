@@ -157,6 +157,31 @@ def test_train_py_runs_on_tcmalloc_when_the_machine_has_it_and_says_so(tmp_path)
     assert described["system"] == f"the system's malloc ({ALLOCATOR_VARIABLE}=system)"
 
 
+def test_the_step_budget_follows_the_malloc_really_mapped_into_train_py(tmp_path, stand_in_tcmalloc):
+    """The recipe reads the malloc from the libraries mapped into the process (/proc/self/maps): train.py with a
+    tcmalloc in LD_PRELOAD (kept as the user's, no relaunch) resolves the tcmalloc step budget where bf16 pays, and
+    on the system's malloc the bf16 one."""
+    from hf_scratch_transformer.cpu_threads import cpu_bf16_units
+    from hf_scratch_transformer.training.recipe import (BF16_CPU_STEP_BUDGET, BF16_TCMALLOC_CPU_STEP_BUDGET,
+                                                        DEFAULT_STEP_BUDGET)
+
+    environ = {key: value for key, value in os.environ.items()
+               if key not in ("LD_PRELOAD", ALLOCATOR_VARIABLE, RELAUNCHED_VARIABLE)}
+    budgets = {}
+    for name, extra in (("tcmalloc", {"LD_PRELOAD": str(stand_in_tcmalloc / "libtcmalloc_minimal.so.4")}),
+                        ("system", {ALLOCATOR_VARIABLE: "system"})):
+        flags = quick_flags(tmp_path / name, max_steps=1, eval_steps=0, save_steps=0, do_train=True, bf16=None,
+                            d_model=256)  # the small preset's width, where bf16 pays
+        result = subprocess.run([sys.executable, str(REPO / "train.py"), *flags], capture_output=True, text=True,
+                                cwd=REPO, env={**environ, **extra}, timeout=600)
+        assert result.returncode == 0, result.stderr[-2000:]
+        budgets[name] = json.loads((tmp_path / name / "train_results.json").read_text())["recipe"]["step_budget"]
+    if cpu_bf16_units() is not None:
+        assert budgets == {"tcmalloc": BF16_TCMALLOC_CPU_STEP_BUDGET, "system": BF16_CPU_STEP_BUDGET}
+    else:  # fp32: the budget that was measured for it, whatever the malloc
+        assert budgets == {"tcmalloc": DEFAULT_STEP_BUDGET, "system": DEFAULT_STEP_BUDGET}
+
+
 def test_in_this_process_the_description_matches_what_is_mapped():
     described = describe_allocator({})
     if loaded_allocator() is None:

@@ -7,14 +7,15 @@ import logging
 
 import pytest
 import torch
-from helpers import REPO, run_tiny, tiny_run_flags
+from helpers import REPO, fails_with, run_tiny, tiny_run_flags
 
-from hf_scratch_transformer import ScratchTransformerConfig, cpu_threads
+from hf_scratch_transformer import ScratchTransformerConfig, cpu_threads, memory_allocator
 from hf_scratch_transformer.data.loading import DataArguments
 from hf_scratch_transformer.training.arguments import RunArguments, parse_arguments
 from hf_scratch_transformer.training.augmentation import Augmentation
 from hf_scratch_transformer.training.recipe import (
     BF16_CPU_STEP_BUDGET,
+    BF16_TCMALLOC_CPU_STEP_BUDGET,
     DEFAULT_AUGMENTATION,
     DEFAULT_STEP_BUDGET,
     dropout_for,
@@ -32,6 +33,27 @@ def cpu_flags(monkeypatch):
     """Fakes the CPU's feature flags (/proc/cpuinfo) as the precision rule sees them."""
     def fake(flags):
         monkeypatch.setattr(cpu_threads, "cpu_model_and_flags", lambda: ("a test CPU", set(flags)))
+    return fake
+
+
+TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4.5.16"
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+
+
+@pytest.fixture(autouse=True)
+def process_malloc(monkeypatch, tmp_path_factory):
+    """The libraries mapped into this process as the recipe reads them (/proc/self/maps): glibc's malloc alone,
+    unless a test maps another (a path) or none."""
+    maps = tmp_path_factory.mktemp("proc") / "maps"
+
+    def fake(library: str | None):
+        lines = ["7f0000000000-7f0000001000 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6"]
+        if library:
+            lines.append(f"7f0000002000-7f0000003000 r-xp 00000000 08:01 2 {library}")
+        maps.write_text("\n".join(lines) + "\n")
+    fake(None)
+    monkeypatch.setattr("hf_scratch_transformer.training.recipe.loaded_allocator",
+                        lambda: memory_allocator.loaded_allocator(maps))
     return fake
 
 
@@ -77,6 +99,42 @@ def test_the_default_bf16_needs_a_new_model_wide_enough(cpu_flags, given, precis
     cpu_flags(AVX512_BF16)
     recipe, _, args = recipe_of(given)
     assert recipe.precision == precision and args.bf16 is None
+
+
+@pytest.mark.parametrize("flags, malloc, budget", [
+    (AMX, TCMALLOC, BF16_TCMALLOC_CPU_STEP_BUDGET),  # faster steps on tcmalloc: more of them in the same minutes
+    (AVX512_BF16, TCMALLOC, BF16_TCMALLOC_CPU_STEP_BUDGET),
+    (AMX, JEMALLOC, BF16_CPU_STEP_BUDGET),  # measured no faster than glibc's
+    (AMX, None, BF16_CPU_STEP_BUDGET),
+    (NO_BF16_UNITS, TCMALLOC, DEFAULT_STEP_BUDGET),  # measured in bf16 only: fp32 keeps its budget
+], ids=["amx_tcmalloc", "avx512_bf16_tcmalloc", "jemalloc", "glibc", "fp32_tcmalloc"])
+def test_the_step_budget_follows_the_malloc_the_process_runs_on(cpu_flags, process_malloc, flags, malloc, budget):
+    cpu_flags(flags)
+    process_malloc(malloc)
+    recipe, _, args = recipe_of([])
+    assert recipe.step_budget == budget
+    assert recipe.run_length(args, steps_per_epoch=1108).total_steps == budget
+    assert f"at most {budget:,} steps" in recipe.describe()
+    assert run_length(RunArguments(max_steps=8), 1108, recipe.step_budget).total_steps == 8  # --max_steps wins
+
+
+def test_a_run_of_the_rule_is_not_resumed_on_another_malloc(cpu_flags, process_malloc, tmp_path, capsys):
+    """Under the run-length rule the budget sets the learning-rate schedule: a run started on glibc's malloc (4,320
+    bf16 steps) is not continued on tcmalloc (5,400), where it would follow another schedule; with --max_steps the
+    malloc does not matter."""
+    cpu_flags(AMX)
+    rule_run = dict(bf16=None, d_model=256, max_steps=None, max_tokens=128, max_train_minutes=0.002, eval_steps=0,
+                    save_steps=0, max_eval_samples=2, max_predict_samples=2, num_beams=1, eval_max_new_tokens=2)
+    results = run_tiny(tmp_path, **rule_run)
+    assert results["recipe"]["step_budget"] == BF16_CPU_STEP_BUDGET
+    process_malloc(TCMALLOC)
+    message = fails_with(tiny_run_flags(tmp_path, **rule_run, resume_from_checkpoint="latest"), capsys)
+    assert "was trained with other settings (the run-length rule's steps" in message
+    assert f"{BF16_CPU_STEP_BUDGET!r} -> {BF16_TCMALLOC_CPU_STEP_BUDGET!r}" in message
+    step = results["train_steps"]
+    resumed = run_tiny(tmp_path, **{**rule_run, "max_steps": step + 1, "max_train_minutes": 0},
+                       resume_from_checkpoint="latest")
+    assert resumed["train_steps"] == step + 1
 
 
 @pytest.mark.parametrize("flags, steps, precision, units", [

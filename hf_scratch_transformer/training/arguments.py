@@ -26,6 +26,7 @@ from ..data.loading import DataArguments
 from .augmentation import AUGMENTATION_FLAGS
 from .recipe import (
     BF16_CPU_STEP_BUDGET,
+    BF16_TCMALLOC_CPU_STEP_BUDGET,
     DEFAULT_AUGMENTATION,
     DEFAULT_MAX_EPOCHS,
     DEFAULT_PATIENCE,
@@ -142,7 +143,8 @@ class RunArguments:
     max_steps: int = field(
         default=-1, metadata={"help": f"If > 0: optimiser steps to run (overrides epochs). With neither: up to "
                                       f"{DEFAULT_STEP_BUDGET:,} steps ({BF16_CPU_STEP_BUDGET:,} in bf16 on a CPU "
-                                      f"with AVX-512 BF16 or AMX) and {DEFAULT_MAX_EPOCHS} epochs, with early stopping "
+                                      f"with AVX-512 BF16 or AMX, {BF16_TCMALLOC_CPU_STEP_BUDGET:,} there on "
+                                      f"tcmalloc) and {DEFAULT_MAX_EPOCHS} epochs, with early stopping "
                                       f"(docs/training.md)."})
     max_train_minutes: float = field(
         default=0, metadata={"help": "Training time budget in minutes (summed over resumed runs): at the budget the "

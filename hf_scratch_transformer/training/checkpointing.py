@@ -57,7 +57,8 @@ class RunState:
 
 # What a resumed run must keep: the schedule (restored from the checkpoint) and the batch order and position, the
 # augmentation's draws (augmentation.Augmentation), the recipe's precision, which sets the run-length rule's steps on
-# a CPU (Recipe.step_budget), and the masking of protected spans (the training pairs themselves).
+# a CPU (Recipe.step_budget, which the memory allocator also sets, so under the run-length rule it is kept itself),
+# and the masking of protected spans (the training pairs themselves).
 RESUME_SETTINGS = {"args": ("learning_rate", "warmup_steps", "lr_scheduler_type", "seed", "per_device_train_batch_size",
                             "gradient_accumulation_steps", "metric_for_best_model"),
                    "augmentation": AUGMENTATION_FLAGS,
@@ -65,6 +66,7 @@ RESUME_SETTINGS = {"args": ("learning_rate", "warmup_steps", "lr_scheduler_type"
                    "data_args": ("dataset_name", "dataset_config_name", "train_file", "max_train_samples", "streaming",
                                  "source_lang", "target_lang", "max_source_length", "max_target_length",
                                  "max_length_ratio", "max_tokens", "mask_protected_spans")}
+STEP_BUDGET_SETTING = "step_budget"  # the run-length rule's steps, kept in the settings of a run that uses the rule
 ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
                        "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "normalize_before",
                        "max_position_embeddings", "share_encoder_decoder_embeddings", "tie_word_embeddings")
@@ -76,7 +78,10 @@ def resume_settings(args, data_args, recipe) -> dict:
     precision = {"bf16": recipe.precision == "bf16", "fp16": recipe.precision == "fp16"}
     sources = {"args": vars(args), "augmentation": recipe.augmentation.settings(), "recipe": precision,
                "data_args": vars(data_args)}
-    return {name: sources[group][name] for group, names in RESUME_SETTINGS.items() for name in names}
+    settings = {name: sources[group][name] for group, names in RESUME_SETTINGS.items() for name in names}
+    if args.max_steps <= 0 and args.num_train_epochs is None:  # the run-length rule: its budget sets the schedule
+        settings[STEP_BUDGET_SETTING] = recipe.step_budget
+    return settings
 
 
 def read_run_state(checkpoint: Path) -> RunState:
@@ -142,13 +147,20 @@ def saved_dropout(checkpoint: Path | None) -> float | None:
 def check_same_settings(checkpoint: Path, saved: dict, current: dict) -> None:
     """The learning-rate schedule comes back from the checkpoint and the position in the data only means the
     same thing over the same batches: changed values would silently not apply, so they are refused."""
-    changed = [f"--{name} {saved[name]!r} -> {current[name]!r}" for name in current
+    changed = [f"{_setting_name(name)} {saved[name]!r} -> {current[name]!r}" for name in current
                if name in saved and saved[name] != current[name]]
     if changed:
         raise UsageError(
             f"checkpoint {checkpoint} was trained with other settings ({'; '.join(changed)}): a resumed run keeps "
             f"its schedule and batch order, so resume with the values it was started with, or start a new "
             f"--output_dir to train with the new ones")
+
+
+def _setting_name(name: str) -> str:
+    if name == STEP_BUDGET_SETTING:
+        return ("the run-length rule's steps (its budget depends on the precision and on the memory allocator, "
+                "tcmalloc or not: docs/training.md)")
+    return f"--{name}"
 
 
 def check_world_size(checkpoint: Path, saved: int, current: int) -> None:

@@ -4,7 +4,8 @@ Where a flag leaves a choice open, the recipe makes it:
 
 - the **run length** (`run_length`, `RunLength`) when neither --max_steps nor --num_train_epochs is given;
 - the **precision** when neither --bf16 nor --fp16 is given: bf16 mixed precision where the CPU has bf16 matrix units,
-  for a new model at least BF16_CPU_MIN_WIDTH wide, with BF16_CPU_STEP_BUDGET steps;
+  for a new model at least BF16_CPU_MIN_WIDTH wide, with BF16_CPU_STEP_BUDGET steps (BF16_TCMALLOC_CPU_STEP_BUDGET on
+  tcmalloc, where steps are faster);
 - a **new model's** normalisation and dropout (NEW_MODEL_SETTINGS: pre-norm; dropout by the epochs the run
   plans over its corpus, DROPOUT_BY_EPOCHS, once the corpus is known: `Recipe.for_run`);
 - the **training-time noise** (DEFAULT_AUGMENTATION: the defaults of the augmentation flags);
@@ -26,11 +27,13 @@ meaning "the recipe decides" (--bf16, --normalize_before, --dropout).
 
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 
 from ..configuration_scratch_transformer import PRESETS, ScratchTransformerConfig
 from ..cpu_threads import cpu_bf16_units
+from ..memory_allocator import loaded_allocator
 from .augmentation import Augmentation
 from .stopping import BEST_MODEL_METRICS, best_model_metric
 
@@ -55,6 +58,12 @@ MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS = 200, 2000
 # 21.84 (seeds 42 / 7) where fp32's 3,600 had 21.31 / 21.38 on the EPYC, and 22.75 where fp32's 3,600 had 20.48 on
 # the Xeon (benchmarks/results/recipe_ablation.md, stage 4).
 BF16_CPU_STEP_BUDGET = 4320
+# ... and 1.25x that again where the process runs on tcmalloc (memory_allocator.py; train.py preloads it where the
+# machine has it), whose steps were 1.20-1.28x faster than on glibc's malloc (benchmarks/results/memory_allocator.md):
+# the same minutes buy more steps. On the Xeon, 5,400 steps on tcmalloc took 22.6 / 24.3 min (seeds 42 / 7), where
+# 4,320 on glibc's malloc took 24.7 / 27.5, and reached validation BLEU 24.25 / 24.41 where those had 23.61 / 23.44
+# (test BLEU beam 4: 30.52 / 30.50 against 29.08 / 29.67) (docs/training.md, "The step budget on tcmalloc").
+BF16_TCMALLOC_CPU_STEP_BUDGET = 5400
 # ... for a new model at least this wide: the `tiny` preset (width 64) trained 0.76x as fast in bf16 on the EPYC and
 # 0.62x on the Xeon (casts outweigh its small matrix products); `small` (256) 1.27x / 1.15x and `base` (512) 1.75x /
 # 1.48x at 2 threads (benchmarks/results/cpu_precision*.md). A model given to --model_name_or_path keeps fp32 unless
@@ -275,6 +284,19 @@ def bf16_pays_on(device: torch.device) -> bool:
     return device.type == "cpu" and cpu_bf16_units() is not None
 
 
+def runs_on_tcmalloc() -> bool:
+    """Whether this process's malloc is tcmalloc (read from the libraries mapped into it)."""
+    return "tcmalloc" in Path(loaded_allocator() or "").name
+
+
+def step_budget(precision: str, device: torch.device) -> int:
+    """The run-length rule's most steps for a run in `precision` on `device`: more where bf16 pays, and more again
+    on tcmalloc, so that the default run takes about the same minutes (BF16_CPU_STEP_BUDGET)."""
+    if precision == "bf16" and bf16_pays_on(device):
+        return BF16_TCMALLOC_CPU_STEP_BUDGET if runs_on_tcmalloc() else BF16_CPU_STEP_BUDGET
+    return DEFAULT_STEP_BUDGET
+
+
 def resolve_recipe(model_args, data_args, args, device: torch.device,
                    launcher_precision: str | None = None) -> Recipe:
     """The recipe of a run with these flags (ModelArguments, DataArguments, RunArguments) on `device`; the flags are
@@ -283,7 +305,7 @@ def resolve_recipe(model_args, data_args, args, device: torch.device,
     loaded = model_args.model_name_or_path is not None
     width = None if loaded else model_args.d_model or PRESETS[model_args.preset_name()]["d_model"]
     precision, note = _precision(args, device, width, launcher_precision)
-    budget = BF16_CPU_STEP_BUDGET if precision == "bf16" and bf16_pays_on(device) else DEFAULT_STEP_BUDGET
+    budget = step_budget(precision, device)
     settings = {} if loaded else {name: value for name, value in NEW_MODEL_SETTINGS.items()
                                   if getattr(model_args, name) is None}
     return Recipe(precision, note, budget, settings, Augmentation.from_flags(args), loaded,
@@ -315,5 +337,6 @@ def _precision(args, device: torch.device, new_model_width: int | None,
         return "fp32", (f"fp32: a model {new_model_width} wide trains slower in bf16 (casts outweigh its small "
                         f"products; bf16 from {BF16_CPU_MIN_WIDTH} wide); --bf16 for it anyway")
     note = (f"bf16 mixed precision: this CPU has {units}, where bf16 trains 1.15-1.2x faster at the same BLEU (so the "
-            f"run-length rule allows {BF16_CPU_STEP_BUDGET:,} steps); --bf16 false trains in fp32")
+            f"run-length rule allows {BF16_CPU_STEP_BUDGET:,} steps, {BF16_TCMALLOC_CPU_STEP_BUDGET:,} on tcmalloc, "
+            f"where steps are faster still); --bf16 false trains in fp32")
     return "bf16", note
