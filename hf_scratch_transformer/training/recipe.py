@@ -58,17 +58,18 @@ MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS = 200, 2000
 # 21.84 (seeds 42 / 7) where fp32's 3,600 had 21.31 / 21.38 on the EPYC, and 22.75 where fp32's 3,600 had 20.48 on
 # the Xeon (benchmarks/results/recipe_ablation.md, stage 4).
 BF16_CPU_STEP_BUDGET = 4320
-# ... and 1.25x that again where the process runs on tcmalloc (memory_allocator.py; train.py preloads it where the
-# machine has it), whose steps were 1.20-1.28x faster than on glibc's malloc (benchmarks/results/memory_allocator.md):
-# the same minutes buy more steps. On the Xeon, 5,400 steps on tcmalloc took 22.6 / 24.3 min (seeds 42 / 7), where
-# 4,320 on glibc's malloc took 24.7 / 27.5, and reached validation BLEU 24.25 / 24.41 where those had 23.61 / 23.44
-# (test BLEU beam 4: 30.52 / 30.50 against 29.08 / 29.67) (docs/training.md, "The step budget on tcmalloc").
-BF16_TCMALLOC_CPU_STEP_BUDGET = 5400
 # ... for a new model at least this wide: the `tiny` preset (width 64) trained 0.76x as fast in bf16 on the EPYC and
 # 0.62x on the Xeon (casts outweigh its small matrix products); `small` (256) 1.27x / 1.15x and `base` (512) 1.75x /
 # 1.48x at 2 threads (benchmarks/results/cpu_precision*.md). A model given to --model_name_or_path keeps fp32 unless
 # --bf16.
 BF16_CPU_MIN_WIDTH = 256
+# The bf16 budget where the process runs on tcmalloc (memory_allocator.py; train.py preloads it where the machine has
+# it): 1.25x BF16_CPU_STEP_BUDGET, as tcmalloc's steps were 1.20-1.28x faster than glibc's malloc's
+# (benchmarks/results/memory_allocator.md), so the same minutes buy more steps. On the Xeon, 5,400 steps on tcmalloc
+# took 22.6 / 24.3 min (seeds 42 / 7), where 4,320 on glibc's malloc took 24.7 / 27.5, and reached validation BLEU
+# 24.25 / 24.41 where those had 23.61 / 23.44 (test BLEU beam 4: 30.52 / 30.50 against 29.08 / 29.67); a fresh clone
+# took 25.2 min at a slower moment of the same VM (docs/training.md, "The step budget on tcmalloc").
+BF16_TCMALLOC_CPU_STEP_BUDGET = 5400
 
 # ------------------------------------------------------------------------------------------------ a new model
 
