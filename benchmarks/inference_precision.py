@@ -1,19 +1,23 @@
 """bf16 inference on a CPU with bf16 units, against fp32: test BLEU and speed of a trained model, through the package's
-own translation path (translate_texts with the PyTorch backend), every generate() call in fp32 or under
-torch.autocast("cpu", bfloat16) as train.py's bf16 evaluation runs it.
+own translation path (translate_texts with the PyTorch backend), in three precisions: fp32; `bf16` (every generate()
+call under torch.autocast("cpu", bfloat16), as train.py's bf16 evaluation runs it: fp32 weights cast at each matrix
+product); `bf16_weights` (the model's weights stored in bf16, `model.to(torch.bfloat16)`, as
+`from_pretrained(..., dtype=torch.bfloat16)` and the CLI's `--dtype bfloat16` load it: no casts; the decoding loops
+take the logits in fp32).
 
     python benchmarks/inference_precision.py --model outputs/scratch-small-en-es
 
 Quality: the shipped test split (755 verses), greedy and beam 4 at batch 32, sacreBLEU 13a. Speed: the same work
-timed in ABAB order (fp32, bf16, bf16, fp32, ...), greedy and beam 4 at batch 32 over the test split, greedy at
+timed in alternating order (fp32, bf16, bf16_weights, then reversed, ...), greedy and beam 4 at batch 32 over the test split, greedy at
 batch 1 over its first `--batch1_sentences` verses; paired ratios (adjacent in time) cancel most of a shared
-machine's load. Writes results/inference_precision.json and .md. Adopt bf16 only if its BLEU is within 0.2 of fp32.
+machine's load. Writes results/inference_precision.json and .md. Adopt a bf16 path only if its BLEU is within 0.2 of fp32.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import time
 from pathlib import Path
 
@@ -57,7 +61,9 @@ def main(argv: list[str] | None = None) -> None:
     records = real_text.test_records("en", "es")
     sources, references = [r["source"] for r in records], [r["target"] for r in records]
     backends = {"fp32": PrecisionBackend(model, contextlib.nullcontext),
-                "bf16": PrecisionBackend(model, common.precision_context("bf16"))}
+                "bf16": PrecisionBackend(model, common.precision_context("bf16")),
+                "bf16_weights": PrecisionBackend(copy.deepcopy(model).to(torch.bfloat16), contextlib.nullcontext)}
+    bf16_names = [name for name in backends if name != "fp32"]
     results = {"model": str(args.model), "bf16_units": cpu_bf16_units(), "bleu": {}, "seconds": {}}
     for beams in (1, 4):
         for name, backend in backends.items():
@@ -72,20 +78,30 @@ def main(argv: list[str] | None = None) -> None:
                 started = time.perf_counter()
                 run(backends[name], tokenizer, texts, beams, batch)
                 seconds[name].append(time.perf_counter() - started)
-        ratios = common.paired_ratios(seconds, "fp32", "bf16")
-        results["seconds"][workload] = {**seconds, "bf16_speedup_paired": [round(r, 3) for r in ratios],
-                                        "bf16_speedup_median": round(common.median(ratios), 3)}
-    results["bleu_change_beam4"] = round(results["bleu"]["bf16_beam4"] - results["bleu"]["fp32_beam4"], 2)
-    results["bleu_change_greedy"] = round(results["bleu"]["bf16_beam1"] - results["bleu"]["fp32_beam1"], 2)
+        results["seconds"][workload] = dict(seconds)
+        for name in bf16_names:
+            ratios = common.paired_ratios(seconds, "fp32", name)
+            results["seconds"][workload][f"{name}_speedup_paired"] = [round(r, 3) for r in ratios]
+            results["seconds"][workload][f"{name}_speedup_median"] = round(common.median(ratios), 3)
+    for name in bf16_names:
+        for beams, label in ((1, "greedy"), (4, "beam4")):
+            change = results["bleu"][f"{name}_beam{beams}"] - results["bleu"][f"fp32_beam{beams}"]
+            results[f"{name}_bleu_change_{label}"] = round(change, 2)
     machine = common.machine_info(args.threads)
     lines = [f"# bf16 against fp32 inference\n\n{common.machine_line(machine)} Load average {machine['loadavg']}; "
-             f"bf16 units: {results['bf16_units']}.\n\n| | fp32 | bf16 | change |\n|---|---:|---:|---:|"]
+             f"bf16 units: {results['bf16_units']}. `bf16`: autocast over fp32 weights; `bf16_weights`: the weights "
+             f"stored in bf16. Speed-up: the median of the fp32 time over the variant's time, paired with the fp32 "
+             f"run next to it.\n\n| | fp32 | " + " | ".join(bf16_names) + " |\n|---|---:|"
+             + "---:|" * len(bf16_names)]
     for beams, label in ((1, "greedy"), (4, "beam 4")):
-        fp32, bf16 = results["bleu"][f"fp32_beam{beams}"], results["bleu"][f"bf16_beam{beams}"]
-        lines.append(f"| test BLEU, {label} | {fp32} | {bf16} | {bf16 - fp32:+.2f} |")
+        fp32 = results["bleu"][f"fp32_beam{beams}"]
+        cells = [f"{results['bleu'][f'{name}_beam{beams}']} ({results['bleu'][f'{name}_beam{beams}'] - fp32:+.2f})"
+                 for name in bf16_names]
+        lines.append(f"| test BLEU, {label} | {fp32} | " + " | ".join(cells) + " |")
     for workload, figures in results["seconds"].items():
-        lines.append(f"| {workload} seconds (min) | {min(figures['fp32']):.1f} | {min(figures['bf16']):.1f} | "
-                     f"bf16 {figures['bf16_speedup_median']}x (median paired ratio) |")
+        cells = [f"{min(figures[name]):.1f} s, {figures[f'{name}_speedup_median']}x" for name in bf16_names]
+        lines.append(f"| {workload}: fastest seconds, speed-up | {min(figures['fp32']):.1f} s | "
+                     + " | ".join(cells) + " |")
     markdown = "\n".join(lines) + "\n"
     common.write_results({"machine": machine, "results": results}, args.output, markdown)
     print(markdown)
