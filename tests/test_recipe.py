@@ -143,14 +143,15 @@ def test_a_run_of_the_rule_is_not_resumed_on_another_malloc(cpu_flags, process_m
     (NO_BF16_UNITS, DEFAULT_STEP_BUDGET, "fp32", None)], ids=["avx512_bf16", "amx", "no_units"])
 def test_a_run_without_precision_flags_follows_the_cpu(cpu_flags, flags, steps, precision, units, tmp_path, caplog):
     """A real run with neither --bf16 nor --max_steps: its precision and its run-length rule's budget (stopped at
-    once by --max_train_minutes; many short batches so that 100 epochs are more than the budget)."""
+    once by --max_train_minutes, which takes the budget's place and says so; many short batches so that 100 epochs
+    are more than the budget)."""
     cpu_flags(flags)
     with caplog.at_level(logging.INFO, logger="hf_scratch_transformer"):
         results = run_tiny(tmp_path, bf16=None, d_model=256, max_steps=None, max_tokens=128, max_train_minutes=0.002,
                            eval_steps=0, save_steps=0, max_eval_samples=2, max_predict_samples=2, num_beams=1,
                            eval_max_new_tokens=2)  # the small preset's width: the tiny preset stays fp32
     logged = " ".join(record.getMessage() for record in caplog.records)
-    assert f"training for {steps:,} steps" in logged and f"at most {steps:,} steps" in logged
+    assert f"in place of the run-length rule's {steps:,} steps" in logged and f"at most {steps:,} steps" in logged
     assert ("bf16 mixed precision: this CPU has" in logged) == (units is not None)
     assert units is None or f"this CPU has {units}, where bf16 trains" in logged
     assert f"; {precision}; wall time" in (tmp_path / "README.md").read_text()

@@ -9,10 +9,13 @@ import torch
 from helpers import run_quick
 from safetensors.torch import load_file
 
+from torch.optim.lr_scheduler import LambdaLR
+from transformers import get_scheduler
+
 from hf_scratch_transformer.training.arguments import RunArguments
-from hf_scratch_transformer.training.recipe import run_length
+from hf_scratch_transformer.training.recipe import DEFAULT_MAX_EPOCHS, STREAMED_MOST_STEPS, run_length
 from hf_scratch_transformer.training.evaluation import Evaluator
-from hf_scratch_transformer.training.stopping import StoppingRules
+from hf_scratch_transformer.training.stopping import StoppingRules, TimeFittedSchedule
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
 
@@ -57,6 +60,72 @@ def test_the_budget_counts_the_time_of_earlier_runs():
     assert not rules.budget_spent() and rules.wall_seconds() == 59.0
     now[0] += 1.0
     assert rules.budget_spent()
+
+
+# ------------------------------------------------------------------------------------ a time budget under the rule
+
+
+def test_with_minutes_and_no_steps_the_minutes_are_the_run_length():
+    fitted = run_length(RunArguments(max_train_minutes=20), 1108, budget=5400)
+    assert (fitted.source, fitted.total_steps, fitted.patience, fitted.load_best) == (
+        "minutes", DEFAULT_MAX_EPOCHS * 1108, 3, True)  # the step budget is gone; 100 epochs stay a bound
+    assert "the 20 minutes of --max_train_minutes" in fitted.describe() and "5,400 steps" in fitted.describe()
+    assert fitted.epochs == pytest.approx(5400 / 1108)  # the dropout rule plans as for the step budget
+    assert run_length(RunArguments(max_train_minutes=20), None).total_steps == STREAMED_MOST_STEPS
+    assert run_length(RunArguments(max_train_minutes=20, max_steps=300), 1108).source == "max_steps"  # stops only
+    assert run_length(RunArguments(max_train_minutes=20, num_train_epochs=2), 1108).source == "epochs"
+
+
+@pytest.mark.parametrize("kind", ["linear", "cosine"])
+def test_the_fitted_schedule_is_transformers_schedule_over_the_steps_the_minutes_hold(kind):
+    """At a steady 4 steps/s, 10 minutes hold 2,400 steps: the multipliers are get_scheduler's for 2,400 steps."""
+    fitted = TimeFittedSchedule(kind, warmup_steps=100, budget_seconds=600, most_steps=10**6)
+    assert fitted.estimate(step=200, wall_seconds=50.0) == 2400
+    reference = get_scheduler(kind, torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0),
+                              num_warmup_steps=100, num_training_steps=2400)
+    for step in (0, 50, 100, 101, 1000, 2000, 2399, 2400):
+        assert fitted.multiplier(step) == pytest.approx(reference.lr_lambdas[0](step), abs=1e-12)
+    assert fitted.finished(2400) and not fitted.finished(2399)
+    assert fitted.estimate(step=1200, wall_seconds=400.0) == 1200 + 600  # slower since: fewer steps, an earlier end
+    assert fitted.estimate(step=1900, wall_seconds=700.0) == 1900  # over the budget: the schedule ends here
+    assert TimeFittedSchedule(kind, 100, 600, most_steps=1000).estimate(200, 50.0) == 1000  # 100 epochs bind
+
+
+def lr_by_step(results_dir) -> dict[int, float]:
+    rows = json.loads((results_dir / "training_history.json").read_text())
+    return {row["step"]: row["learning_rate"] for row in rows if "learning_rate" in row}
+
+
+def test_a_run_of_the_rule_with_minutes_fits_its_schedule_to_them(tmp_path, monkeypatch):
+    """A clock of 2 s a step: 1 minute holds 30 steps, and the run is the --max_steps 30 run (the same learning rate at
+    every logged step, 0 at the last), ended where its schedule ends (step 30, though the budget is checked at log
+    lines, every 4 steps: 28 and 32); the old rule (the step budget, cut by the minutes) would have stopped at step
+    32 at nearly the full learning rate."""
+    monkeypatch.setattr(StoppingRules, "wall_seconds", lambda self: self.state.global_step * 2.0)
+    flags = dict(eval_steps=0, save_steps=0, logging_steps=4)
+    fitted = run_quick(tmp_path / "fitted", max_steps=None, max_train_minutes=1, **flags)
+    assert fitted["train_steps"] == 30 and fitted["stop_reason"] == "time_budget"
+    assert "the run's length, was spent at step 30" in fitted["stop_detail"]
+    by_steps = run_quick(tmp_path / "steps", max_steps=30, **flags)
+    assert lr_by_step(tmp_path / "fitted") == pytest.approx(lr_by_step(tmp_path / "steps"), abs=1e-12)
+    assert lr_by_step(tmp_path / "fitted")[30] == 0.0
+
+
+def test_a_resumed_run_fits_its_schedule_to_the_minutes_left(tmp_path, monkeypatch):
+    """Resumed with a longer budget, the run goes on where it was, with the time it spent counted: 1 minute at 2 s a
+    step ends at step 30, on the schedule a fresh 1-minute run has from the resumed step on."""
+    monkeypatch.setattr(StoppingRules, "wall_seconds", lambda self: self.state.global_step * 2.0)
+    flags = dict(max_steps=None, eval_steps=0, save_steps=0)
+    first = run_quick(tmp_path / "run", max_train_minutes=0.2, **flags)
+    assert first["train_steps"] == 6 and first["stop_reason"] == "time_budget"
+    resumed = run_quick(tmp_path / "run", max_train_minutes=1, resume_from_checkpoint="latest", **flags)
+    assert resumed["train_steps"] == 30 and resumed["stop_reason"] == "time_budget"
+    fresh = TimeFittedSchedule("linear", 4, 60, 10**6)
+    fresh.estimate(8, 16.0)
+    logged = lr_by_step(tmp_path / "run")
+    assert logged[8] == pytest.approx(2e-3 * fresh.multiplier(8)) and logged[30] == 0.0
+    assert isinstance(LambdaLR(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0),
+                               fresh.multiplier).state_dict(), dict)  # the schedule's state is saved as LambdaLR's
 
 
 # ----------------------------------------------------------------------------------------------------- in a run

@@ -147,8 +147,11 @@ class RunArguments:
                                       f"tcmalloc) and {DEFAULT_MAX_EPOCHS} epochs, with early stopping "
                                       f"(docs/training.md)."})
     max_train_minutes: float = field(
-        default=0, metadata={"help": "Training time budget in minutes (summed over resumed runs): at the budget the "
-                                     "run stops as at its last step (checkpoint, evaluation, test, save); 0: none."})
+        default=0, metadata={"help": "Training time budget in minutes (summed over resumed runs; validations and "
+                                     "checkpoints count): at the budget the run stops as at its last step "
+                                     "(checkpoint, evaluation, test, save); 0: none. Without --max_steps and "
+                                     "--num_train_epochs it is the run's length: as many steps as the minutes hold "
+                                     "at this machine's speed, the linear or cosine schedule fitted to them."})
     early_stopping_patience: int | None = field(
         default=None, metadata={"help": f"Stop after N validations without a better --metric_for_best_model (0: "
                                         f"never; default: {DEFAULT_PATIENCE} when the run length comes from the "

@@ -176,6 +176,14 @@ def agree(accelerator, flag: bool) -> bool:
     return bool(accelerator.reduce(value, "sum").item() > 0)
 
 
+def main_process_value(accelerator, value: float) -> float:
+    """The main process's `value`, on every process (as `agree`, for a number: the time a schedule is fitted to)."""
+    if accelerator.num_processes == 1:
+        return value
+    mine = torch.tensor(value if accelerator.is_main_process else 0.0, dtype=torch.float64, device=accelerator.device)
+    return float(accelerator.reduce(mine, "sum").item())
+
+
 def any_process(accelerator, flag: bool) -> bool:
     """Whether `flag` holds on any process (a signal that reached one of them), on every process."""
     if accelerator.num_processes == 1:

@@ -22,20 +22,21 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from safetensors.torch import load_file
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from .checkpointing import RunState, load_checkpoint, resume_settings
 from ..cpu_threads import thread_tuner
 from ..data.batching import TrainingBatches
-from .distributed import agree, any_process
+from .distributed import agree, any_process, main_process_value
 from ..errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import log_row
 from .flops import run_matmul_peak, tokens_and_flops, training_throughput
 from .model_directory import push_during_training
 from .recipe import Recipe
 from .run_directory import checkpoint_name, list_checkpoints, save_checkpoint
-from .stopping import METRIC_NAMES, StoppingRules
+from .stopping import FITTED_SCHEDULES, METRIC_NAMES, StoppingRules, TimeFittedSchedule
 
 logger = logging.getLogger("hf_scratch_transformer")
 
@@ -47,6 +48,19 @@ def make_optimizer(model, args, device: torch.device) -> torch.optim.Optimizer:
     return optimizer_class(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay,
                            betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
                            fused=device.type in ("cpu", "cuda"))
+
+
+def make_schedule(args, optimizer, length) -> tuple[LRScheduler, TimeFittedSchedule | None]:
+    """(learning-rate scheduler, its time fit or None): transformers' schedule over the run's total steps, or under
+    the run-length rule with --max_train_minutes, a linear or cosine one fitted to the steps the minutes hold
+    (stopping.TimeFittedSchedule). Stepped by hand once per optimiser step: Accelerate's wrapper would step it once
+    per process."""
+    if length.source == "minutes" and args.lr_scheduler_type in FITTED_SCHEDULES:
+        fitted = TimeFittedSchedule(args.lr_scheduler_type, args.warmup_steps, args.max_train_minutes * 60,
+                                    length.total_steps)
+        return LambdaLR(optimizer, fitted.multiplier), fitted
+    return get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,
+                         num_training_steps=length.total_steps), None
 
 
 def mixed_precision_autocast(precision: str, device: torch.device):
@@ -130,9 +144,10 @@ class StepSchedule:
     save_steps: int
     total_steps: int
     validate_last: bool
+    fitted: TimeFittedSchedule | None = None  # a time-fitted schedule's end is the last step too
 
     def at(self, step: int) -> Due:
-        last = step == self.total_steps
+        last = step == self.total_steps or self.fitted is not None and self.fitted.finished(step)
         return Due(log=step % self.logging_steps == 0 or last,
                    validation=bool(self.eval_steps) and (last and self.validate_last
                                                          or not last and step % self.eval_steps == 0),
@@ -218,8 +233,14 @@ class StopSignals:
                               f"{checkpoint}; continue with --resume_from_checkpoint latest", signum)
 
 
-def expected_time(steps_per_second: float, steps_left: int) -> str:
-    """The log line of the expected training time, after the first log window."""
+def expected_time(steps_per_second: float, steps_left: int, fitted: TimeFittedSchedule | None = None,
+                  minutes: float = 0) -> str:
+    """The log line of the expected training time, after the first log window (with a time-fitted schedule: the
+    steps expected in the minutes)."""
+    if fitted is not None:
+        return (f"expected: about {fitted.total_steps:,} steps in the {minutes:g} minutes of --max_train_minutes at "
+                f"{steps_per_second:.2f} steps/s so far (re-estimated at each log line; validations and checkpoints "
+                f"count against the minutes)")
     return (f"expected training time: about {steps_left / max(steps_per_second, 1e-9) / 60:.0f} more minutes for "
             f"the {steps_left:,} steps left at {steps_per_second:.2f} steps/s so far (validation and early stopping "
             f"not counted)")
@@ -255,12 +276,10 @@ class TrainingLoop:
         self.threads = thread_tuner(accelerator.device, "training", args.cpu_threads)
         self.length = recipe.run_length(args, batches.steps_per_epoch(args.gradient_accumulation_steps))
         self.total_steps = self.length.total_steps
-        self.stopping = StoppingRules(self.length, args.max_train_minutes, self.state)
+        self.scheduler, self.fitted = make_schedule(args, optimizer, self.length)
+        self.stopping = StoppingRules(self.length, args.max_train_minutes, self.state, self.fitted)
         self.schedule = StepSchedule(args.logging_steps, self.length.eval_steps, args.save_steps, self.total_steps,
-                                     self.length.load_best)
-        # Stepped by hand once per optimiser step: Accelerate's wrapper would step it once per process.
-        self.scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,
-                                       num_training_steps=self.total_steps)
+                                     self.length.load_best, self.fitted)
         self.non_finite, self.signals, self.window = NonFiniteLoss(accelerator.device), StopSignals(), LogWindow()
         self.progress, self._expected_time_logged, self.matmul_peak = None, False, None
 
@@ -268,7 +287,7 @@ class TrainingLoop:
         """Model, optimiser, schedule, RNG states and position in the data from `checkpoint`."""
         self.state = load_checkpoint(self.accelerator, self.scheduler, checkpoint, self.total_steps)
         self.state.stop_reason = None
-        self.stopping = StoppingRules(self.length, self.args.max_train_minutes, self.state)
+        self.stopping = StoppingRules(self.length, self.args.max_train_minutes, self.state, self.fitted)
         self.last_checkpoint = checkpoint
 
     def train(self) -> None:
@@ -284,6 +303,7 @@ class TrainingLoop:
         state = self.state
         self.progress = tqdm(total=self.total_steps, initial=state.global_step, desc="training", unit="step",
                              disable=not self.is_main, dynamic_ncols=True)
+        self._fit_schedule()  # a resumed run's minutes left
         self.matmul_peak = run_matmul_peak(self.accelerator, self.recipe.precision, self.threads)  # before the clock
         self.window = LogWindow()
         self.train_model.train()
@@ -379,6 +399,12 @@ class TrainingLoop:
             raise self.signals.interruption(self.signals.received or signal.SIGTERM, self.state.global_step,
                                             self.last_checkpoint)
 
+    def _fit_schedule(self) -> None:
+        """A time-fitted schedule's new estimate of the steps the minutes hold, on the main process's clock."""
+        if self.fitted is not None and not self.fitted.finished(self.state.global_step):
+            wall = main_process_value(self.accelerator, self.stopping.wall_seconds())
+            self.progress.total = self.fitted.estimate(self.state.global_step, wall)
+
     def _paused(self, action):
         """`action()` with the log window's clock stopped: tokens/s counts training time only."""
         with self.window.paused():
@@ -405,6 +431,7 @@ class TrainingLoop:
     def _log_window(self) -> None:
         """Loss, learning rate and tokens/s (all processes' tokens) of the steps since the last log line."""
         state, batches = self.state, self.batches
+        self._fit_schedule()
         seconds, tokens, flops, loss = self.window.totals(self.accelerator)
         state.count_trained(seconds, tokens, flops)
         row = {"step": state.global_step, "epoch": batches.epoch_fraction(state.epoch, state.batches_done_in_epoch),
@@ -417,7 +444,7 @@ class TrainingLoop:
         if not self._expected_time_logged and self.is_main:
             self._expected_time_logged = True
             rate = self.window.batches / max(seconds, 1e-9) / self.args.gradient_accumulation_steps
-            logger.info(expected_time(rate, self.total_steps - state.global_step))
+            logger.info(expected_time(rate, self.total_steps - state.global_step, self.fitted, self.length.minutes))
         self.window = LogWindow()
 
     def _finish(self) -> None:
@@ -462,25 +489,27 @@ class TrainingLoop:
             callback.on_save(self, final)
         return final
 
-    def train_results(self, runtime: float) -> dict:
-        """train_results.json's figures (run_translation.py's names, this package's token counts, the recipe)."""
-        state, steps = self.state, self.state.global_step
-        return {
-            "train_runtime": round(runtime, 2),
-            "train_samples": None if self.batches.sampler is None else len(self.batches.dataset),
-            "train_steps_per_second": round(steps / max(runtime, 1e-9), 3),
-            "train_loss": mean_train_loss(state.history),
-            "epoch": self.batches.epoch_fraction(state.epoch, state.batches_done_in_epoch),
-            "train_steps": steps,
-            **training_throughput(state, self.matmul_peak),
-            "train_padding_fraction": self.batches.padding_fraction(),
-            "train_precision": self.recipe.precision,
-            **({"train_cpu_threads": self.threads.current, "train_cpu_thread_changes": self.threads.changes,
-                "train_cpu_thread_limit": self.threads.limit.describe()} if self.threads is not None else {}),
-            "stop_reason": state.stop_reason,
-            "stop_detail": self.stopping.detail() if state.stop_reason else None,
-            **({"best_step": state.best_step, "best_metric": state.best_metric,
-                "metric_for_best_model": f"eval_{self.length.metric}", "best_model_checkpoint": state.best_checkpoint}
-               if self.length.load_best else {}),
-            "recipe": self.recipe.as_dict(),
-        }
+
+def train_results(loop: TrainingLoop, runtime: float) -> dict:
+    """train_results.json's figures of `loop`'s run (run_translation.py's names, this package's token counts, the
+    recipe)."""
+    state, steps = loop.state, loop.state.global_step
+    return {
+        "train_runtime": round(runtime, 2),
+        "train_samples": None if loop.batches.sampler is None else len(loop.batches.dataset),
+        "train_steps_per_second": round(steps / max(runtime, 1e-9), 3),
+        "train_loss": mean_train_loss(state.history),
+        "epoch": loop.batches.epoch_fraction(state.epoch, state.batches_done_in_epoch),
+        "train_steps": steps,
+        **training_throughput(state, loop.matmul_peak),
+        "train_padding_fraction": loop.batches.padding_fraction(),
+        "train_precision": loop.recipe.precision,
+        **({"train_cpu_threads": loop.threads.current, "train_cpu_thread_changes": loop.threads.changes,
+            "train_cpu_thread_limit": loop.threads.limit.describe()} if loop.threads is not None else {}),
+        "stop_reason": state.stop_reason,
+        "stop_detail": loop.stopping.detail() if state.stop_reason else None,
+        **({"best_step": state.best_step, "best_metric": state.best_metric,
+            "metric_for_best_model": f"eval_{loop.length.metric}", "best_model_checkpoint": state.best_checkpoint}
+           if loop.length.load_best else {}),
+        "recipe": loop.recipe.as_dict(),
+    }

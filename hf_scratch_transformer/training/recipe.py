@@ -2,7 +2,8 @@
 
 Where a flag leaves a choice open, the recipe makes it:
 
-- the **run length** (`run_length`, `RunLength`) when neither --max_steps nor --num_train_epochs is given;
+- the **run length** (`run_length`, `RunLength`) when neither --max_steps nor --num_train_epochs is given: a step
+  budget, or with --max_train_minutes the steps those minutes hold on this machine;
 - the **precision** when neither --bf16 nor --fp16 is given: bf16 mixed precision where the CPU has bf16 matrix units,
   for a new model at least BF16_CPU_MIN_WIDTH wide, with BF16_CPU_STEP_BUDGET steps (BF16_TCMALLOC_CPU_STEP_BUDGET on
   tcmalloc, where steps are faster);
@@ -47,6 +48,11 @@ DEFAULT_STEP_BUDGET = 3600
 DEFAULT_MAX_EPOCHS = 100
 DEFAULT_PATIENCE = 3
 MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS = 200, 2000
+# With --max_train_minutes (and neither --max_steps nor --num_train_epochs) the rule's run length is the minutes
+# instead of the step budget: as many steps as they hold at the machine's measured speed, the learning-rate schedule
+# fitted to them as the run goes (stopping.TimeFittedSchedule), at most DEFAULT_MAX_EPOCHS epochs, or this many steps
+# over a streamed corpus, whose epochs are unknown.
+STREAMED_MOST_STEPS = 10**9
 
 # ------------------------------------------------------------------------------------------------ the precision
 
@@ -139,26 +145,41 @@ class RunLength:
     patience: int  # validations without a better model before stopping; 0: never
     load_best: bool
     steps_per_epoch: int | None  # optimiser steps; None when streamed
-    source: str  # "max_steps", "epochs" or "rule"
+    source: str  # "max_steps", "epochs", "rule" or "minutes" (the rule with --max_train_minutes)
     metric: str
     greater_is_better: bool
     step_budget: int = DEFAULT_STEP_BUDGET  # the run-length rule's most steps (Recipe.step_budget)
+    minutes: float = 0  # --max_train_minutes; under source "minutes", total_steps is only the most steps
+
+    @property
+    def planned_steps(self) -> int:
+        """The steps the run plans: its total, but under a time budget ("minutes"), whose steps are known only as the
+        run goes, the run-length rule's step budget (what the minutes are meant to replace) within the total."""
+        return min(self.step_budget, self.total_steps) if self.source == "minutes" else self.total_steps
 
     @property
     def epochs(self) -> float | None:
-        """Planned epochs over the training split; None when streamed."""
-        return self.total_steps / self.steps_per_epoch if self.steps_per_epoch else None
+        """Planned epochs over the training split (planned_steps'; what the dropout rule reads); None when
+        streamed."""
+        return self.planned_steps / self.steps_per_epoch if self.steps_per_epoch else None
 
     def describe(self) -> str:
         """One log line: steps, why that many, validation and stopping."""
         epochs = f" ({self.epochs:.3g} epochs of {self.steps_per_epoch:,} steps)" if self.steps_per_epoch else ""
         why = {"max_steps": "--max_steps", "epochs": "--num_train_epochs",
                "rule": f"the run-length rule: at most {self.step_budget:,} steps and {DEFAULT_MAX_EPOCHS} epochs, "
-                       f"since neither --max_steps nor --num_train_epochs was given"}[self.source]
+                       f"since neither --max_steps nor --num_train_epochs was given"}.get(self.source)
         validation = f"validation every {self.eval_steps:,} steps" if self.eval_steps else "validation at the end"
         stopping = (f"early stopping after {self.patience} validations without a better validation {self.metric}"
                     if self.patience else "no early stopping")
         kept = "the best validated model is saved" if self.load_best else "the last step's model is saved"
+        if self.source == "minutes":
+            most = (f" (at most {self.total_steps:,} steps, {DEFAULT_MAX_EPOCHS} epochs of "
+                    f"{self.steps_per_epoch:,} steps)" if self.steps_per_epoch else "")
+            return (f"training for the {self.minutes:g} minutes of --max_train_minutes{most}, in place of the "
+                    f"run-length rule's {self.step_budget:,} steps: as many steps as the minutes hold at this "
+                    f"machine's speed, the learning-rate schedule fitted to them as the run goes (a new model's "
+                    f"dropout is chosen for the rule's steps); {validation}; {stopping}; {kept}")
         return f"training for {self.total_steps:,} steps{epochs} ({why}); {validation}; {stopping}; {kept}"
 
 
@@ -169,6 +190,8 @@ def run_length(args, steps_per_epoch: int | None, budget: int = DEFAULT_STEP_BUD
         total, source = args.max_steps, "max_steps"
     elif args.num_train_epochs is not None and steps_per_epoch:
         total, source = math.ceil(args.num_train_epochs * steps_per_epoch), "epochs"
+    elif args.max_train_minutes > 0:  # the rule's length is the minutes: total_steps is only a bound
+        total, source = (DEFAULT_MAX_EPOCHS * steps_per_epoch if steps_per_epoch else STREAMED_MOST_STEPS), "minutes"
     else:
         total, source = budget, "rule"
         if steps_per_epoch:
@@ -179,11 +202,11 @@ def run_length(args, steps_per_epoch: int | None, budget: int = DEFAULT_STEP_BUD
                       else MAX_AUTO_EVAL_STEPS)
     patience = args.early_stopping_patience
     if patience is None:
-        patience = DEFAULT_PATIENCE if source == "rule" and eval_steps else 0
+        patience = DEFAULT_PATIENCE if source in ("rule", "minutes") and eval_steps else 0
     load_best = args.load_best_model_at_end if args.load_best_model_at_end is not None else patience > 0
     metric = best_model_metric(args)
     return RunLength(total, eval_steps, patience, load_best, steps_per_epoch, source, metric,
-                     BEST_MODEL_METRICS[metric], budget)
+                     BEST_MODEL_METRICS[metric], budget, args.max_train_minutes)
 
 
 # ------------------------------------------------------------------------------------------------ the recipe
@@ -223,8 +246,9 @@ class Recipe:
         """The recipe in words, one line per rule."""
         return [f"precision: {self.precision_note}",
                 f"run length: without --max_steps or --num_train_epochs, at most {self.step_budget:,} steps and "
-                f"{DEFAULT_MAX_EPOCHS} epochs, with early stopping after {DEFAULT_PATIENCE} validations without a "
-                f"better model",
+                f"{DEFAULT_MAX_EPOCHS} epochs (with --max_train_minutes: the steps those minutes hold at this "
+                f"machine's speed, the learning-rate schedule fitted to them), with early stopping after "
+                f"{DEFAULT_PATIENCE} validations without a better model",
                 f"new model: {self._new_model_line()}",
                 f"training-time noise: {self.augmentation.describe()}",
                 f"protected spans: {self._protected_spans_line()}"]

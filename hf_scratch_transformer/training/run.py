@@ -66,7 +66,7 @@ from ..errors import (
     print_results,
 )
 from .evaluation import Evaluator
-from .loop import TrainingLoop, active_callbacks
+from .loop import TrainingLoop, active_callbacks, train_results
 from .model_directory import (
     as_lines,
     hardware_description,
@@ -323,7 +323,7 @@ def _train(trainer: TrainingLoop, model, data: TrainingData, args: RunArguments,
         logger.info(f"memory allocator: {allocator}")
     trainer.train()
     averaged = average_checkpoints(model, output_dir, args.average_checkpoints) if args.average_checkpoints > 1 else []
-    phase = {**trainer.train_results(time.time() - started), "filtered": data.filter_report}
+    phase = {**train_results(trainer, time.time() - started), "filtered": data.filter_report}
     if allocator is not None:
         phase["train_memory_allocator"] = allocator
     if averaged:
