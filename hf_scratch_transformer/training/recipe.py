@@ -165,10 +165,6 @@ class RunLength:
 
     def describe(self) -> str:
         """One log line: steps, why that many, validation and stopping."""
-        epochs = f" ({self.epochs:.3g} epochs of {self.steps_per_epoch:,} steps)" if self.steps_per_epoch else ""
-        why = {"max_steps": "--max_steps", "epochs": "--num_train_epochs",
-               "rule": f"the run-length rule: at most {self.step_budget:,} steps and {DEFAULT_MAX_EPOCHS} epochs, "
-                       f"since neither --max_steps nor --num_train_epochs was given"}.get(self.source)
         validation = f"validation every {self.eval_steps:,} steps" if self.eval_steps else "validation at the end"
         stopping = (f"early stopping after {self.patience} validations without a better validation {self.metric}"
                     if self.patience else "no early stopping")
@@ -180,6 +176,10 @@ class RunLength:
                     f"run-length rule's {self.step_budget:,} steps: as many steps as the minutes hold at this "
                     f"machine's speed, the learning-rate schedule fitted to them as the run goes (a new model's "
                     f"dropout is chosen for the rule's steps); {validation}; {stopping}; {kept}")
+        epochs = f" ({self.epochs:.3g} epochs of {self.steps_per_epoch:,} steps)" if self.steps_per_epoch else ""
+        why = {"max_steps": "--max_steps", "epochs": "--num_train_epochs",
+               "rule": f"the run-length rule: at most {self.step_budget:,} steps and {DEFAULT_MAX_EPOCHS} epochs, "
+                       f"since neither --max_steps nor --num_train_epochs was given"}[self.source]
         return f"training for {self.total_steps:,} steps{epochs} ({why}); {validation}; {stopping}; {kept}"
 
 
