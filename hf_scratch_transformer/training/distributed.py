@@ -170,14 +170,12 @@ def start_accelerator(args, output_dir: Path, precision: str, probe_folder) -> A
 def agree(accelerator, flag: bool) -> bool:
     """The main process's `flag`, on every process (the others' flags are ignored): what it decides (the best model,
     early stopping, the time budget) all of them do at the same step."""
-    if accelerator.num_processes == 1:
-        return flag
-    value = torch.tensor(float(flag and accelerator.is_main_process), device=accelerator.device)
-    return bool(accelerator.reduce(value, "sum").item() > 0)
+    return main_process_value(accelerator, float(flag)) > 0
 
 
 def main_process_value(accelerator, value: float) -> float:
-    """The main process's `value`, on every process (as `agree`, for a number: the time a schedule is fitted to)."""
+    """The main process's `value`, on every process (the others' values are ignored): the time a schedule is fitted
+    to, and `agree`'s flag."""
     if accelerator.num_processes == 1:
         return value
     mine = torch.tensor(value if accelerator.is_main_process else 0.0, dtype=torch.float64, device=accelerator.device)
