@@ -8,14 +8,17 @@
    keeps a copy of `--batches` of them.
 2. The bare step on those same batches, in the same process: a fresh model of the run's configuration, the run's
    autocast (`training.loop.mixed_precision_autocast`), forward with the run's label smoothing, backward, clipping at
-   1.0, a fused Adam step; `--repeats` passes, the median. The loop's ms/step against the bare step's is what the
-   loop costs (data, augmentation, the tuner, logging, accumulation bookkeeping).
+   1.0, a fused Adam step; `--repeats` passes, the median, each pass followed by a pass of train.py's own step
+   (`TrainingLoop._train_batch` of the run's loop: its model, optimiser and Accelerate wrappers) over the same
+   batches (ABAB). The bare step against train.py's step, interleaved, is what the step's wrappers cost; against the
+   loop's ms/step (measured before, with the data, augmentation, tuner and logging between steps), what the loop
+   costs besides.
 3. `torch.profiler` over `--profile_steps` bare steps: time per operator, and grouped (matrix products, dtype casts,
    attention, the softmax and loss, the optimiser, the rest).
 
-Results: `benchmarks/results/training_step_profile.json` and `.md` (machine, load, commit). The loop and the bare
-step run one after the other, not interleaved: on a shared machine their ratio carries its noise (the load averages
-before and after are written beside it).
+Results: `benchmarks/results/training_step_profile.json` and `.md` (machine, load, commit). The loop's row runs
+before the other two, not interleaved with them: on a shared machine its ratio to them carries the machine's drift
+(the load averages before and after are written beside it); the two steps' rows are interleaved.
 """
 
 import argparse
@@ -50,13 +53,16 @@ class BatchTimer(TrainingCallback):
         self.times: list[float] = []
         self.tokens: list[int] = []
         self.batches: list[dict] = []
-        self.config = self.precision = self.label_smoothing = None
+        self.config = self.precision = self.label_smoothing = self.loop = None
 
     def on_train_begin(self, loop) -> None:
         self.config, self.precision = loop.model.config, loop.recipe.precision
         self.label_smoothing = loop.args.label_smoothing_factor
+        self.loop = loop
 
     def on_batch_end(self, loop, indices, batch, loss) -> None:
+        if self.loop is None:  # the run has ended: its steps are now timed by `main`
+            return
         if loop.state.global_step + 1 < self.warmup:  # this batch ends optimiser step global_step + 1
             return
         self.times.append(time.perf_counter())
@@ -92,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=200, help="optimiser steps of the train.py run")
     parser.add_argument("--warmup", type=int, default=50, help="steps before the loop's timing starts")
     parser.add_argument("--batches", type=int, default=60, help="batches kept for the bare step")
-    parser.add_argument("--repeats", type=int, default=3, help="bare passes over the kept batches (median)")
+    parser.add_argument("--repeats", type=int, default=3, help="passes of each step over the kept batches (median)")
     parser.add_argument("--profile_steps", type=int, default=10)
     parser.add_argument("--cpu_threads", type=int, default=2, help="train.py's --cpu_threads, and the bare step's")
     parser.add_argument("--note", default="", help="what else ran on the machine")
@@ -118,14 +124,21 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     step = bare_step(model, optimizer, mixed_precision_autocast(timer.precision, torch.device("cpu")),
                      timer.label_smoothing)
+    loop, timer.loop = timer.loop, None
+
+    def loop_step(batch: dict) -> None:
+        loop._train_batch([], dict(batch))
+
     for batch in timer.batches[:5]:
         step(batch)
-    passes = []
-    for _ in range(args.repeats):
-        started = time.perf_counter()
-        for batch in timer.batches:
-            step(batch)
-        passes.append(time.perf_counter() - started)
+        loop_step(batch)
+    passes, loop_step_passes = [], []
+    for _ in range(args.repeats):  # ABAB: the bare step, then train.py's step, over the same batches
+        for function, times in ((step, passes), (loop_step, loop_step_passes)):
+            started = time.perf_counter()
+            for batch in timer.batches:
+                function(batch)
+            times.append(time.perf_counter() - started)
     bare_tokens = sum(int(b["attention_mask"].sum()) + int((b["labels"] != -100).sum()) for b in timer.batches)
     bare_seconds = statistics.median(passes)
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
@@ -140,6 +153,8 @@ def main(argv: list[str] | None = None) -> dict:
         "precision": timer.precision, "vocab_size": timer.config.vocab_size,
         "loop": {"steps": loop_steps, "ms_per_step": 1000 * loop_seconds / loop_steps,
                  "tokens_per_step": loop_tokens / loop_steps, "tokens_per_second": loop_tokens / loop_seconds},
+        "loop_step": {"steps": len(timer.batches), "passes_seconds": loop_step_passes,
+                      "ms_per_step": 1000 * statistics.median(loop_step_passes) / len(timer.batches)},
         "bare": {"steps": len(timer.batches), "passes_seconds": passes,
                  "ms_per_step": 1000 * bare_seconds / len(timer.batches),
                  "tokens_per_step": bare_tokens / len(timer.batches), "tokens_per_second": bare_tokens / bare_seconds},
@@ -148,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
                          "calls_per_step": e.count / args.profile_steps}
                         for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:15]],
     }
-    machine, loop, bare = results["machine"], results["loop"], results["bare"]
+    machine, loop, bare, loop_step = results["machine"], results["loop"], results["bare"], results["loop_step"]
     lines = [
         "# A default training step: what the loop adds, and where the time goes", "",
         f"Machine: **{machine['cpu']}**, {machine['logical_cpus']} logical CPUs, AMX {'yes' if machine['amx'] else 'no'}, "
@@ -156,14 +171,18 @@ def main(argv: list[str] | None = None) -> dict:
         f"{load_before} before, {results['load_after']} after. {args.note}".rstrip(), "",
         f"`python train.py --max_steps {args.steps} --cpu_threads {args.cpu_threads} {' '.join(train_flags)}`"
         f"".replace("  ", " ").rstrip() + f" ({timer.precision}, BPE vocabulary {timer.config.vocab_size:,} with the "
-        f"sentinels), timed after step {args.warmup}; then the bare step on {len(timer.batches)} of the same batches, "
-        f"{args.repeats} passes, median.", "",
+        f"sentinels), timed after step {args.warmup}; then the bare step and train.py's step on {len(timer.batches)} "
+        f"of the same batches, {args.repeats} passes each, alternated (ABAB), median.", "",
         "| | steps | ms / step | non-pad tokens / step | tokens / s |", "|---|---:|---:|---:|---:|",
         f"| train.py's loop | {loop['steps']} | {loop['ms_per_step']:.1f} | {loop['tokens_per_step']:.0f} | "
         f"{loop['tokens_per_second']:,.0f} |",
         f"| bare step (forward, backward, clipping, fused Adam) | {bare['steps']} | {bare['ms_per_step']:.1f} | "
-        f"{bare['tokens_per_step']:.0f} | {bare['tokens_per_second']:,.0f} |", "",
-        f"Bare passes: {', '.join(f'{s:.2f} s' for s in passes)}.", "",
+        f"{bare['tokens_per_step']:.0f} | {bare['tokens_per_second']:,.0f} |",
+        f"| train.py's step (`TrainingLoop._train_batch`), interleaved with the bare step | {loop_step['steps']} | "
+        f"{loop_step['ms_per_step']:.1f} | {bare['tokens_per_step']:.0f} | "
+        f"{1000 * bare['tokens_per_step'] / loop_step['ms_per_step']:,.0f} |", "",
+        f"Passes (bare / train.py's step): {', '.join(f'{a:.2f} / {b:.2f} s' for a, b in zip(passes, loop_step_passes))}.",
+        "",
         f"## torch.profiler, {args.profile_steps} bare steps (self CPU time per step, grouped)", "",
         "| group | ms / step | share |", "|---|---:|---:|",
         *[f"| {name} | {ms / args.profile_steps:.1f} | {ms / total:.1%} |" for name, ms in groups.items()], "",

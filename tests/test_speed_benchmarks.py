@@ -71,10 +71,13 @@ def test_training_step_profile_times_train_py_and_the_bare_step_on_the_same_batc
     torch.set_num_threads(threads)
     assert results["loop"]["steps"] == 7 - 2  # batches after the one that closed step 2
     assert results["bare"]["steps"] == 3 and results["bare"]["ms_per_step"] > 0
+    # train.py's own step ran on the same batches, alternated with the bare one (it trains: not a no-op's time)
+    assert results["loop_step"]["steps"] == 3 and len(results["loop_step"]["passes_seconds"]) == 1
+    assert results["loop_step"]["ms_per_step"] > 0.2 * results["bare"]["ms_per_step"]
     kept_tokens = results["bare"]["tokens_per_step"]
     assert 0 < kept_tokens and results["loop"]["tokens_per_step"] > 0
     groups = results["profile_ms_per_step"]
     assert groups["matrix products"] > 0 and groups["softmax and loss"] > 0
     assert results["precision"] == "fp32" and results["vocab_size"] < 1000
     markdown = (tmp_path / "t.md").read_text()
-    assert "train.py's loop" in markdown and "--preset tiny" in markdown
+    assert "train.py's loop" in markdown and "train.py's step" in markdown and "--preset tiny" in markdown
