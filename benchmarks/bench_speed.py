@@ -77,11 +77,13 @@ def share_identical(reference: list, sequences: list) -> float:
 
 # -------------------------------------------------------------------------------------------------- kernels
 def measure_kernels(cfg) -> dict:
-    """The single kernels behind two design choices, at this preset's shapes:
+    """The single kernels behind the decoding loops' design choices, at this preset's shapes:
 
     * decode: a projection of 1 or 32 rows with W stored (out, in) as nn.Linear does (F.linear multiplies by its
       transpose) versus (in, out) as our `Projection` (transformers' Conv1D layout); the tied output projection as
-      F.linear(x, W) versus (W @ xᵀ)ᵀ; argmax versus max().indices over (32, V) scores.
+      F.linear(x, W) versus (W @ xᵀ)ᵀ, and versus torch.mm over a (D, V) copy at 1 to 128 rows (and the copy's
+      cost); one-query attention, F.scaled_dot_product_attention versus the formula written out; argmax versus
+      max().indices over (32, V) scores.
     * training: forward + backward GFLOP/s of the training step's matmul shapes (~1,900 real tokens per batch),
       the attainable ceiling for MFU on this machine (the rest of a step is softmax, norms, dropout, Adam, ...)."""
     D, F_, V = cfg.d_model, cfg.decoder_ffn_dim, cfg.vocab_size
@@ -101,6 +103,26 @@ def measure_kernels(cfg) -> dict:
         transposed = time_call(lambda: (embedding @ h.T).T)
         decode[f"lm_head_{D}x{V}_rows{rows}"] = {"linear_us": linear * 1e6, "in_out_us": transposed * 1e6,
                                                  "speedup": linear / transposed}
+    # the output projection over a (D, V) copy of the tied embedding (torch.mm(h, Eᵀ contiguous)), at the rows a
+    # decoding step has (greedy: 1 to the batch; beam 4: 4 per source), and what making that copy costs
+    embedding = torch.randn(V, D)
+    embedding_t = embedding.T.contiguous()
+    output_projection = {}
+    for rows in (1, 4, 8, 16, 32, 64, 128):
+        h = torch.randn(rows, D)
+        linear = time_call(lambda: torch.nn.functional.linear(h, embedding))
+        copied = time_call(lambda: torch.mm(h, embedding_t))
+        output_projection[rows] = {"linear_us": linear * 1e6, "mm_copy_us": copied * 1e6, "speedup": linear / copied}
+    transpose_copy = time_call(lambda: embedding.T.contiguous(), 20)
+    # one query per row (a decoding step's attention) over 35 keys: the fused kernel against the formula written out
+    one_query = {}
+    for rows in (1, 32):
+        q, k, v = torch.randn(rows, cfg.decoder_attention_heads, 1, D // cfg.decoder_attention_heads), \
+            *(torch.randn(rows, cfg.decoder_attention_heads, 35, D // cfg.decoder_attention_heads) for _ in range(2))
+        scale = q.shape[-1] ** -0.5
+        fused = time_call(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale))
+        written = time_call(lambda: torch.matmul((torch.matmul(q, k.transpose(-2, -1)) * scale).softmax(-1), v))
+        one_query[rows] = {"sdpa_us": fused * 1e6, "written_out_us": written * 1e6, "speedup": written / fused}
     scores = torch.randn(32, V)
     argmax, maximum = time_call(lambda: scores.argmax(-1)), time_call(lambda: scores.max(-1).indices)
     training = {}
@@ -117,7 +139,8 @@ def measure_kernels(cfg) -> dict:
 
         training[name] = 3 * 2 * tokens * n_in * n_out / time_call(step, 10) / 1e9
     return {"decode": decode, "argmax_us": argmax * 1e6, "max_indices_us": maximum * 1e6,
-            "training_matmul_gflops": training, "training_tokens": tokens}
+            "output_projection_rows": output_projection, "transpose_copy_us": transpose_copy * 1e6,
+            "one_query_attention": one_query, "training_matmul_gflops": training, "training_tokens": tokens}
 
 
 # ------------------------------------------------------------------------------------------------- training
@@ -451,6 +474,18 @@ def kernel_section(preset: str, figures: dict, peak_gflops: float) -> list[str]:
     for key, timing in kernels["decode"].items():
         name, rows = key.rsplit("_rows", 1)
         lines.append(f"| {name} | {rows} | {timing['linear_us']:.1f} | {timing['in_out_us']:.1f} | {timing['speedup']:.2f}x |")
+    if "output_projection_rows" in kernels:  # results written before these two tables have neither
+        lines += ["", "The output projection over a (D, V) copy of the tied embedding (`torch.mm(h, Eᵀ)` with Eᵀ "
+                  f"contiguous) against F.linear(h, E), by rows; making the copy costs "
+                  f"{kernels['transpose_copy_us']:,.0f} µs once:", "",
+                  "| rows | F.linear, µs | mm over the copy, µs | speed-up |", "|---:|---:|---:|---:|",
+                  *[f"| {rows} | {t['linear_us']:.0f} | {t['mm_copy_us']:.0f} | {t['speedup']:.2f}x |"
+                    for rows, t in kernels["output_projection_rows"].items()],
+                  "", "One query per row over 35 keys (a decoding step's attention): "
+                  "`F.scaled_dot_product_attention` against softmax(QKᵀ·scale)·V written out:", "",
+                  "| rows | SDPA, µs | written out, µs | SDPA's speed-up |", "|---:|---:|---:|---:|",
+                  *[f"| {rows} | {t['sdpa_us']:.1f} | {t['written_out_us']:.1f} | {t['speedup']:.2f}x |"
+                    for rows, t in kernels["one_query_attention"].items()]]
     lines += ["", f"Greedy token choice over (32, {figures['config']['vocab_size']}) scores: argmax {kernels['argmax_us']:.0f} µs, "
           f"max().indices {kernels['max_indices_us']:.0f} µs (same result: the first maximum).", "",
           f"Training matmuls alone (forward + backward, {kernels['training_tokens']:,} tokens, fp32): "
