@@ -117,8 +117,9 @@ def measure_kernels(cfg) -> dict:
     # one query per row (a decoding step's attention) over 35 keys: the fused kernel against the formula written out
     one_query = {}
     for rows in (1, 32):
-        q, k, v = torch.randn(rows, cfg.decoder_attention_heads, 1, D // cfg.decoder_attention_heads), \
-            *(torch.randn(rows, cfg.decoder_attention_heads, 35, D // cfg.decoder_attention_heads) for _ in range(2))
+        heads, head_dim = cfg.decoder_attention_heads, D // cfg.decoder_attention_heads
+        q = torch.randn(rows, heads, 1, head_dim)
+        k, v = torch.randn(rows, heads, 35, head_dim), torch.randn(rows, heads, 35, head_dim)
         scale = q.shape[-1] ** -0.5
         fused = time_call(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale))
         written = time_call(lambda: torch.matmul((torch.matmul(q, k.transpose(-2, -1)) * scale).softmax(-1), v))
