@@ -81,3 +81,25 @@ def test_training_step_profile_times_train_py_and_the_bare_step_on_the_same_batc
     assert results["precision"] == "fp32" and results["vocab_size"] < 1000
     markdown = (tmp_path / "t.md").read_text()
     assert "train.py's loop" in markdown and "train.py's step" in markdown and "--preset tiny" in markdown
+
+
+@pytest.mark.slow  # inductor compiles the tiny model for each batch shape: about 2 minutes on 2 cores
+def test_compiled_training_step_alternates_eager_and_compiled_on_the_same_batches_idle_and_busy(tmp_path):
+    """A tiny train.py run through the benchmark: both models start from the same weights (same first loss), both
+    train on the kept batches in alternated passes, idle and with a core spun, and the table says so."""
+    from compiled_training_step import main
+
+    threads = torch.get_num_threads()
+    results = main(["--steps", "6", "--warmup", "2", "--batches", "2", "--repeats", "2", "--busy_repeats", "1",
+                    "--cpu_threads", "1", "--output", str(tmp_path / "c.json"),
+                    "--preset", "tiny", "--max_train_samples", "400", "--tokenizer_vocab_size", "600"])
+    torch.set_num_threads(threads)
+    assert results["batches"] == 2 and results["precision"] == "fp32"
+    assert results["first_batch_loss"]["eager"] == pytest.approx(results["first_batch_loss"]["compiled"], rel=1e-4)
+    assert results["first_compiled_pass_seconds"] > 0
+    for load, passes in (("idle", 2), ("busy", 1)):
+        row = results[load]
+        assert [len(row["passes_seconds"][name]) for name in ("eager", "compiled")] == [passes, passes]
+        assert len(row["speedups"]) == passes and min(row["ms_per_step"].values()) > 0
+    markdown = (tmp_path / "c.md").read_text()
+    assert "one core busy" in markdown and "--preset tiny" in markdown
