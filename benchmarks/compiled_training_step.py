@@ -5,7 +5,7 @@ to the CPU's limit).
     python benchmarks/compiled_training_step.py --bf16 false      # any train.py flag after ours
 
 1. `train.py`'s own `main` runs `--steps` optimiser steps of the default recipe (`--do_train` only) and keeps
-   `--batches` of its batches (`training_step_profile.BatchTimer`).
+   `--batches` of its batches (`training_step_profile.timed_train_py_run`).
 2. Two models with the same fresh weights, each with its own fused Adam: one eager, one `torch.compile(model)` as
    `--torch_compile` makes it in train.py. Their losses on the first batch are compared before either trains. The
    compiled one's first pass over the batches (compilation, and the recompiles its varying shapes cause) is timed on
@@ -21,18 +21,16 @@ import argparse
 import copy
 import os
 import statistics
-import tempfile
 import time
 
 import torch
 
 from common import RESULTS, git_commit, loadavg, machine_info, write_results
 from cpu_threads import start_hog
-from training_step_profile import BatchTimer, bare_step
+from training_step_profile import bare_step, timed_train_py_run
 
 from hf_scratch_transformer.modeling_scratch_transformer import ScratchTransformerForConditionalGeneration
-from hf_scratch_transformer.training.loop import mixed_precision_autocast, training_callbacks
-from hf_scratch_transformer.training.run import main as train_main
+from hf_scratch_transformer.training.loop import mixed_precision_autocast
 
 
 def one_pass(step, batches: list[dict]) -> float:
@@ -70,12 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output", default=str(RESULTS / "compiled_training_step.json"))
     args, train_flags = parser.parse_known_args(argv)
     load_before = loadavg()
-    timer = BatchTimer(args.warmup, args.batches)
-    with tempfile.TemporaryDirectory() as output_dir, training_callbacks(timer):
-        code = train_main(["--output_dir", output_dir, "--max_steps", str(args.steps), "--do_train", "true",
-                           "--cpu_threads", str(args.cpu_threads), *train_flags])
-    if code != 0:
-        raise SystemExit(f"the train.py run failed (exit {code}): see its message above")
+    timer = timed_train_py_run(args.steps, args.warmup, args.batches, args.cpu_threads, train_flags)
     timer.loop = None
     batches = timer.batches
     torch.set_num_threads(args.cpu_threads)

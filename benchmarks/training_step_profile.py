@@ -71,6 +71,18 @@ class BatchTimer(TrainingCallback):
             self.batches.append({key: batch[key].clone() for key in ("input_ids", "attention_mask", "labels")})
 
 
+def timed_train_py_run(steps: int, warmup: int, keep: int, cpu_threads: int, train_flags: list[str]) -> BatchTimer:
+    """`train.py`'s own `main` for `steps` optimiser steps (`--do_train` only, in a temporary output_dir), timed and
+    `keep` of its batches kept by a `BatchTimer`."""
+    timer = BatchTimer(warmup, keep)
+    with tempfile.TemporaryDirectory() as output_dir, training_callbacks(timer):
+        code = train_main(["--output_dir", output_dir, "--max_steps", str(steps), "--do_train", "true",
+                           "--cpu_threads", str(cpu_threads), *train_flags])
+    if code != 0:
+        raise SystemExit(f"the train.py run failed (exit {code}): see its message above")
+    return timer
+
+
 def bare_step(model, optimizer, autocast, label_smoothing: float):
     def step(batch: dict) -> None:
         with autocast():
@@ -107,12 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.steps <= args.warmup + 1:
         parser.error("--steps must exceed --warmup by at least 2")
     load_before = loadavg()
-    timer = BatchTimer(args.warmup, args.batches)
-    with tempfile.TemporaryDirectory() as output_dir, training_callbacks(timer):
-        code = train_main(["--output_dir", output_dir, "--max_steps", str(args.steps), "--do_train", "true",
-                           "--cpu_threads", str(args.cpu_threads), *train_flags])
-    if code != 0:
-        raise SystemExit(f"the train.py run failed (exit {code}): see its message above")
+    timer = timed_train_py_run(args.steps, args.warmup, args.batches, args.cpu_threads, train_flags)
     # The first timestamp closes the warm-up's last step; the batches after it are the loop's timed ones.
     loop_seconds = timer.times[-1] - timer.times[0]
     loop_tokens = sum(timer.tokens[1:])
