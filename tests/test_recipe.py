@@ -224,6 +224,34 @@ def test_a_new_model_gets_the_dropout_of_the_epochs_its_run_plans(tmp_path, step
     assert resolved.as_dict()["new_model_settings"]["dropout"] == dropout
 
 
+@pytest.mark.parametrize("max_tokens", [512, 1024, 2048, 4096])
+def test_under_minutes_the_dropout_is_chosen_for_the_tokens_of_the_rules_budget(tmp_path, max_tokens):
+    """--max_train_minutes: the steps are known only as the run goes, and a CPU trains about as many tokens per
+    second at any batch size, so the minutes plan the rule's budget of 1,024-token steps at any --max_tokens: a corpus
+    of a sixth of that budget plans 6 epochs (no dropout) with 512- or 2,048-token batches as with 1,024, where the
+    budget's steps at 2,048 tokens would be 12 epochs (dropout 0.1). --max_steps keeps its steps."""
+    recipe, model_args, args = recipe_of(tiny_run_flags(tmp_path, max_steps=None, max_train_minutes=20,
+                                                         max_tokens=max_tokens))
+    steps_per_epoch = recipe.step_budget * 1024 // 6 // max_tokens  # the same corpus in batches of max_tokens
+    length = recipe.run_length(args, steps_per_epoch)
+    resolved = recipe.for_run(length)
+    assert resolved.planned_epochs == pytest.approx(6, rel=0.01)
+    assert resolved.new_model_config(model_args, vocab_size=100).dropout == 0.0
+    if max_tokens != 1024:
+        budget = f"{recipe.step_budget:,} steps of 1,024 tokens: {length.planned_steps:,} of this run's {max_tokens:,}"
+        assert budget in length.describe()
+    recipe, model_args, args = recipe_of(tiny_run_flags(tmp_path, max_steps=recipe.step_budget, max_tokens=max_tokens))
+    stepped = recipe.for_run(recipe.run_length(args, steps_per_epoch))
+    assert stepped.planned_epochs == pytest.approx(6 * max_tokens / 1024, rel=0.01)
+    assert stepped.new_model_settings["dropout"] == dropout_for(6 * max_tokens / 1024)[0]
+
+
+def test_under_minutes_sentence_batches_plan_the_rules_steps(tmp_path):
+    recipe, _, args = recipe_of(tiny_run_flags(tmp_path, max_steps=None, max_train_minutes=20, max_tokens=0))
+    length = recipe.run_length(args, steps_per_epoch=100)
+    assert length.planned_steps == recipe.step_budget and "dropout is chosen for the rule's steps" in length.describe()
+
+
 @pytest.mark.parametrize("flags", [{"dropout": 0.0}, {"dropout": 0.2}, {"model_name_or_path": "some/model"}])
 def test_the_users_dropout_or_a_loaded_models_wins_over_the_dropout_rule(tmp_path, flags):
     recipe, model_args, args = recipe_of(tiny_run_flags(tmp_path, max_steps=2000, **flags))

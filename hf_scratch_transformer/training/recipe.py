@@ -53,6 +53,11 @@ MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS = 200, 2000
 # fitted to them as the run goes (stopping.TimeFittedSchedule), at most DEFAULT_MAX_EPOCHS epochs, or this many steps
 # over a streamed corpus, whose epochs are unknown.
 STREAMED_MOST_STEPS = 10**9
+# The batch size the step budgets were sized for: the default --max_tokens. Under --max_train_minutes the steps are
+# known only as the run goes, so a new model's dropout is chosen for the tokens of the rule's budget instead (tokens
+# per second hardly depend on the batch size on a CPU: 6,822 and 6,635 at 2,048-token batches against 6,880 and 6,427
+# at 1,024, docs/training.md): the budget's steps × STEP_BUDGET_BATCH_TOKENS / --max_tokens.
+STEP_BUDGET_BATCH_TOKENS = 1024
 
 # ------------------------------------------------------------------------------------------------ the precision
 
@@ -150,12 +155,20 @@ class RunLength:
     greater_is_better: bool
     step_budget: int = DEFAULT_STEP_BUDGET  # the run-length rule's most steps (Recipe.step_budget)
     minutes: float = 0  # --max_train_minutes; under source "minutes", total_steps is only the most steps
+    batch_tokens: int | None = None  # --max_tokens (None: batches of a fixed number of sentences)
+
+    @property
+    def minutes_steps(self) -> int:
+        """What a time budget ("minutes") plans, as its steps are known only as the run goes: the tokens of the
+        run-length rule's step budget (what the minutes are meant to replace), in steps of this run's batches."""
+        if not self.batch_tokens:
+            return self.step_budget
+        return max(1, round(self.step_budget * STEP_BUDGET_BATCH_TOKENS / self.batch_tokens))
 
     @property
     def planned_steps(self) -> int:
-        """The steps the run plans: its total, but under a time budget ("minutes"), whose steps are known only as the
-        run goes, the run-length rule's step budget (what the minutes are meant to replace) within the total."""
-        return min(self.step_budget, self.total_steps) if self.source == "minutes" else self.total_steps
+        """The steps the run plans: its total, or under a time budget minutes_steps within the total."""
+        return min(self.minutes_steps, self.total_steps) if self.source == "minutes" else self.total_steps
 
     @property
     def epochs(self) -> float | None:
@@ -175,7 +188,7 @@ class RunLength:
             return (f"training for the {self.minutes:g} minutes of --max_train_minutes{most}, in place of the "
                     f"run-length rule's {self.step_budget:,} steps: as many steps as the minutes hold at this "
                     f"machine's speed, the learning-rate schedule fitted to them as the run goes (a new model's "
-                    f"dropout is chosen for the rule's steps); {validation}; {stopping}; {kept}")
+                    f"dropout is chosen for {self._minutes_plan()}); {validation}; {stopping}; {kept}")
         epochs = f" ({self.epochs:.3g} epochs of {self.steps_per_epoch:,} steps)" if self.steps_per_epoch else ""
         why = {"max_steps": "--max_steps", "epochs": "--num_train_epochs",
                "rule": f"the run-length rule: at most {self.step_budget:,} steps and {DEFAULT_MAX_EPOCHS} epochs, "
@@ -183,9 +196,18 @@ class RunLength:
         return f"training for {self.total_steps:,} steps{epochs} ({why}); {validation}; {stopping}; {kept}"
 
 
-def run_length(args, steps_per_epoch: int | None, budget: int = DEFAULT_STEP_BUDGET) -> RunLength:
+    def _minutes_plan(self) -> str:
+        if self.minutes_steps == self.step_budget:
+            return "the rule's steps"
+        return (f"the rule's {self.step_budget:,} steps of {STEP_BUDGET_BATCH_TOKENS:,} tokens: "
+                f"{self.minutes_steps:,} of this run's {self.batch_tokens:,}")
+
+
+def run_length(args, steps_per_epoch: int | None, budget: int = DEFAULT_STEP_BUDGET,
+               batch_tokens: int | None = None) -> RunLength:
     """The run length of `args` (a RunArguments) for an epoch of `steps_per_epoch` optimiser steps (None: a streamed
-    corpus), with at most `budget` steps under the run-length rule (Recipe.step_budget)."""
+    corpus), with at most `budget` steps under the run-length rule (Recipe.step_budget), for batches of at most
+    `batch_tokens` tokens (--max_tokens; None: of a fixed number of sentences)."""
     if args.max_steps > 0:
         total, source = args.max_steps, "max_steps"
     elif args.num_train_epochs is not None and steps_per_epoch:
@@ -206,7 +228,7 @@ def run_length(args, steps_per_epoch: int | None, budget: int = DEFAULT_STEP_BUD
     load_best = args.load_best_model_at_end if args.load_best_model_at_end is not None else patience > 0
     metric = best_model_metric(args)
     return RunLength(total, eval_steps, patience, load_best, steps_per_epoch, source, metric,
-                     BEST_MODEL_METRICS[metric], budget, args.max_train_minutes)
+                     BEST_MODEL_METRICS[metric], budget, args.max_train_minutes, batch_tokens)
 
 
 # ------------------------------------------------------------------------------------------------ the recipe
@@ -226,9 +248,10 @@ class Recipe:
     mask_protected_spans: bool = True  # --mask_protected_spans: shared spans masked by sentinel tokens
     planned_epochs: float | None = None  # set by for_run once the corpus is known (None: not yet, or streamed)
     resolved_for_run: bool = False
+    batch_tokens: int | None = None  # --max_tokens (None: batches of a fixed number of sentences)
 
     def run_length(self, args, steps_per_epoch: int | None) -> RunLength:
-        return run_length(args, steps_per_epoch, self.step_budget)
+        return run_length(args, steps_per_epoch, self.step_budget, self.batch_tokens)
 
     def new_model_config(self, model_args, vocab_size: int) -> ScratchTransformerConfig:
         """A new model's config: the preset's, the recipe's new-model settings, then every size and dropout flag."""
@@ -334,7 +357,7 @@ def resolve_recipe(model_args, data_args, args, device: torch.device,
     settings = {} if loaded else {name: value for name, value in NEW_MODEL_SETTINGS.items()
                                   if getattr(model_args, name) is None}
     return Recipe(precision, note, budget, settings, Augmentation.from_flags(args), loaded,
-                  data_args.mask_protected_spans)
+                  data_args.mask_protected_spans, batch_tokens=data_args.max_tokens or None)
 
 
 def _precision(args, device: torch.device, new_model_width: int | None,
