@@ -83,6 +83,25 @@ def test_training_step_profile_times_train_py_and_the_bare_step_on_the_same_batc
     assert "train.py's loop" in markdown and "train.py's step" in markdown and "--preset tiny" in markdown
 
 
+def test_batch_tokens_throughput_runs_train_py_at_each_size_in_alternation_for_about_the_same_tokens(tmp_path):
+    """Tiny train.py runs through the benchmark: each round runs every size once, the larger batch for fewer steps
+    of more tokens each, and the ratio is taken within a round."""
+    from batch_tokens_throughput import main
+
+    threads = torch.get_num_threads()
+    results = main(["--max_tokens", "256", "512", "--tokens", "5000", "--rounds", "2", "--cpu_threads", "1",
+                    "--output", str(tmp_path / "b.json"),
+                    "--preset", "tiny", "--max_train_samples", "400", "--tokenizer_vocab_size", "600"])
+    torch.set_num_threads(threads)
+    assert results["settings"]["steps"] == {256: 10, 512: 6}
+    assert len(results["rounds"]) == 2 and all(set(row) == {"256", "512"} for row in results["rounds"])
+    small, large = results["rounds"][0]["256"], results["rounds"][0]["512"]
+    assert small["timed_steps"] == 10 - 2 and large["timed_steps"] == 6 - 2  # the steps after the untimed ones
+    assert large["tokens_per_step"] > small["tokens_per_step"] > 0 and small["tokens_per_second"] > 0
+    assert results["summary"]["256"]["ratios_to_first"] == [1.0, 1.0]
+    assert (tmp_path / "b.md").read_text().count("| 256 |") == 1
+
+
 @pytest.mark.slow  # inductor compiles the tiny model for each batch shape: about 2 minutes on 2 cores
 def test_compiled_training_step_alternates_eager_and_compiled_on_the_same_batches_idle_and_busy(tmp_path):
     """A tiny train.py run through the benchmark: both models start from the same weights (same first loss), both

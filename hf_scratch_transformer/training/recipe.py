@@ -54,9 +54,10 @@ MIN_AUTO_EVAL_STEPS, MAX_AUTO_EVAL_STEPS = 200, 2000
 # over a streamed corpus, whose epochs are unknown.
 STREAMED_MOST_STEPS = 10**9
 # The batch size the step budgets were sized for: the default --max_tokens. Under --max_train_minutes the steps are
-# known only as the run goes, so a new model's dropout is chosen for the tokens of the rule's budget instead (tokens
-# per second hardly depend on the batch size on a CPU: 6,822 and 6,635 at 2,048-token batches against 6,880 and 6,427
-# at 1,024, docs/training.md): the budget's steps × STEP_BUDGET_BATCH_TOKENS / --max_tokens.
+# known only as the run goes, so a new model's dropout is chosen for the tokens of the rule's budget instead, the
+# budget's steps × STEP_BUDGET_BATCH_TOKENS / --max_tokens: a CPU trains as many tokens per second with larger batches
+# or more (2,048 tokens: 1.02-1.30x 1,024's in train.py's loop, benchmarks/results/batch_tokens_throughput.md), and
+# planning the budget's steps at 2,048 tokens planned 10.9 epochs, dropout 0.1, for a run that trained 4.8.
 STEP_BUDGET_BATCH_TOKENS = 1024
 
 # ------------------------------------------------------------------------------------------------ the precision
