@@ -226,8 +226,8 @@ def test_a_new_model_gets_the_dropout_of_the_epochs_its_run_plans(tmp_path, step
 
 @pytest.mark.parametrize("max_tokens", [512, 1024, 2048, 4096])
 def test_under_minutes_the_dropout_is_chosen_for_the_tokens_of_the_rules_budget(tmp_path, max_tokens):
-    """--max_train_minutes: the steps are known only as the run goes, and a CPU trains about as many tokens per
-    second at any batch size, so the minutes plan the rule's budget of 1,024-token steps at any --max_tokens: a corpus
+    """--max_train_minutes: the steps are known only as the run goes, and a CPU trains as many tokens per second
+    with larger batches or more, so the minutes plan the rule's budget of 1,024-token steps at any --max_tokens: a corpus
     of a sixth of that budget plans 6 epochs (no dropout) with 512- or 2,048-token batches as with 1,024, where the
     budget's steps at 2,048 tokens would be 12 epochs (dropout 0.1). --max_steps keeps its steps."""
     recipe, model_args, args = recipe_of(tiny_run_flags(tmp_path, max_steps=None, max_train_minutes=20,
