@@ -193,6 +193,12 @@ class RunArguments:
     source_typo_rate: float = _augmentation_flag(
         "source_typo_rate", "Share of training source words (four letters or more) given one typo: two inner letters "
                             "swapped, one dropped or one doubled (drawn anew every epoch, seeded).")
+    source_contraction_rate: float = _augmentation_flag(
+        "source_contraction_rate", "Share of training source sentences (English) with contractions where they can "
+                                   "have them: do not -> don't, it is -> it's, ... (drawn anew every epoch, seeded).")
+    source_spaced_punctuation_rate: float = _augmentation_flag(
+        "source_spaced_punctuation_rate", "Share of training source sentences with a space before each , . ; : ! ? "
+                                          "that ends a word (drawn anew every epoch, seeded).")
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0: off)."})
     per_device_train_batch_size: int = field(default=64, metadata={"help": "Sentences per batch without --max_tokens."})
     per_device_eval_batch_size: int = field(default=64, metadata={"help": "Sentences per evaluation batch."})

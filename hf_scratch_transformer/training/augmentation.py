@@ -7,7 +7,8 @@ checkpointing.RESUME_SETTINGS) and the model card (`Augmentation.describe`). The
 - source changes (`SOURCE_CHANGES`, drawn in this order on each training source sentence): a paraphrase from the
   corpus in place of the sentence (another translation of the same verse, `source_paraphrases`), plain quotes for
   typographic ones as keyboards type them, lower-casing (as Marian's case augmentation), typos in words of four
-  letters or more (Belinkov and Bisk, 2018);
+  letters or more (Belinkov and Bisk, 2018), contractions as people write them (English sources: "do not" ->
+  "don't"), a space before punctuation marks as some typists leave one;
 - BPE-dropout (Provilkov et al., 2020) on both sides: `BPEDropout`.
 
 Every draw is seeded by the run's seed, the epoch and the text, so every epoch sees new noise and a rerun or a resumed
@@ -40,6 +41,8 @@ class Augmentation:
     source_paraphrase_rate: float = 0.0  # share of source sentences with paraphrases replaced by one
     source_plain_quotes_rate: float = 0.0  # share of source sentences with typographic quotes given plain ones
     source_typo_rate: float = 0.0  # share of source words (four letters or more) given one typo
+    source_contraction_rate: float = 0.0  # share of (English) source sentences with contractions where they can be
+    source_spaced_punctuation_rate: float = 0.0  # share of source sentences with a space before , . ; : ! ?
 
     def __post_init__(self):
         for name, rate in asdict(self).items():
@@ -108,6 +111,43 @@ def _typos(text: str, rate: float, rng: random.Random, paraphrases) -> str:
                      and rng.random() < rate else match.group(0), text)
 
 
+# English auxiliaries and pronouns as people contract them; the first letter keeps its case. A sentence drawn
+# contracts every pair it holds, as one writer would.
+_NOT_CONTRACTIONS = {"do": "don't", "does": "doesn't", "did": "didn't", "is": "isn't", "are": "aren't",
+                     "was": "wasn't", "were": "weren't", "have": "haven't", "has": "hasn't", "had": "hadn't",
+                     "will": "won't", "would": "wouldn't", "could": "couldn't", "should": "shouldn't",
+                     "must": "mustn't", "need": "needn't", "shall": "shan't", "can": "can't"}
+_VERB_CONTRACTIONS = {"am": "'m", "are": "'re", "is": "'s", "will": "'ll", "have": "'ve", "would": "'d"}
+_SUBJECTS = {"am": ("I",), "are": ("you", "we", "they"), "have": ("I", "you", "we", "they"),
+             "is": ("he", "she", "it", "that", "there", "here", "what", "who", "where"),
+             "will": ("I", "you", "we", "they", "he", "she", "it", "that", "there"),
+             "would": ("I", "you", "we", "they", "he", "she")}
+CONTRACTIONS = ([(rf"\b({verb}) not\b", short) for verb, short in _NOT_CONTRACTIONS.items()]
+                + [(r"\b(can)not\b", "can't"), (r"\b(let) us\b", "let's")]
+                + [(rf"\b({subject}) {verb}\b(?=\s+\w)", subject + suffix)  # before a word: "it is." stays
+                   for verb, suffix in _VERB_CONTRACTIONS.items()
+                   for subject in _SUBJECTS[verb]])
+_CONTRACTION_PATTERNS = [(re.compile(pattern, re.IGNORECASE), short) for pattern, short in CONTRACTIONS]
+_SPACEABLE_PUNCTUATION = re.compile(r"(?<=[^\s\d])([,.;:!?])(?=\s|$)")
+
+
+def contract(text: str) -> str:
+    """`text` with every listed English pair contracted ("do not" -> "don't", "It is" -> "It's")."""
+    for pattern, short in _CONTRACTION_PATTERNS:
+        text = pattern.sub(lambda match: short[0].upper() + short[1:] if match.group(1)[0].isupper() else short, text)
+    return text
+
+
+def _contractions(text: str, rate: float, rng: random.Random, paraphrases) -> str:
+    contracted = contract(text)
+    return contracted if contracted != text and rng.random() < rate else text
+
+
+def _spaced_punctuation(text: str, rate: float, rng: random.Random, paraphrases) -> str:
+    return _SPACEABLE_PUNCTUATION.sub(r" \1", text) if _SPACEABLE_PUNCTUATION.search(text) and rng.random() < rate \
+        else text
+
+
 @dataclass(frozen=True)
 class SourceChange:
     """One kind of source noise: its rate (an Augmentation field), the change (text, rate, rng, paraphrases) ->
@@ -126,6 +166,10 @@ SOURCE_CHANGES = (
                  lambda rate: f"plain quotes in {rate:.0%} of the source sentences with typographic ones"),
     SourceChange("source_lowercase_rate", _lowercase, lambda rate: f"{rate:.0%} of the source sentences lower-cased"),
     SourceChange("source_typo_rate", _typos, lambda rate: f"typos in {rate:.0%} of the source words"),
+    SourceChange("source_contraction_rate", _contractions,
+                 lambda rate: f"contractions in {rate:.0%} of the source sentences that can have them"),
+    SourceChange("source_spaced_punctuation_rate", _spaced_punctuation,
+                 lambda rate: f"a space before punctuation in {rate:.0%} of the source sentences"),
 )
 
 
