@@ -121,8 +121,46 @@ def test_a_run_records_its_flops_per_second_and_mfu(tmp_path):
     assert 0 < results["train_mfu"] <= 1, results
     assert results["train_mfu"] == pytest.approx(
         results["train_flops_per_second"] / results["train_matmul_peak_flops"], rel=2e-3)
+    assert len(results["train_matmul_peak_flops_measured"]) == 1  # seconds of training: no second measurement
     card = (tmp_path / "out" / "README.md").read_text()
     assert f"{results['train_mfu']:.1%} of the fp32 matmul peak measured at the start" in card
+
+
+def test_a_run_measures_the_peak_again_at_its_end_and_takes_the_higher(tmp_path, monkeypatch):
+    """A run as long as a real one (the end measurement's share of the training time raised to all of it) measures
+    the peak again after training. The machine is made ten times as fast at the end: the MFU is against that higher
+    peak, and the card names both."""
+    from hf_scratch_transformer.training import flops
+
+    monkeypatch.setattr(flops, "END_PEAK_SHARE", 1.0)
+    monkeypatch.setattr(flops, "END_PEAK_MIN_SECONDS", 0.01)
+    real_peak, real_product, calls = flops.matmul_peak_flops, flops.timed_matmul, []
+
+    def peak_of_a_machine_that_speeds_up(dtype, device="cpu", seconds=1.0, **kwargs):
+        calls.append(seconds)
+        if len(calls) == 2:  # at the end, every product ten times as fast (a virtual machine's host gave it more)
+            monkeypatch.setattr(flops, "timed_matmul", lambda operands: 10 * real_product(operands))
+        return real_peak(dtype, device, seconds=seconds, **kwargs)
+
+    monkeypatch.setattr(flops, "matmul_peak_flops", peak_of_a_machine_that_speeds_up)
+    run_quick(tmp_path / "out", max_steps=4, logging_steps=3, save_steps=0, eval_steps=0)
+    results = json.loads((tmp_path / "out" / "train_results.json").read_text())
+    start, end = results["train_matmul_peak_flops_measured"]
+    assert calls[0] == flops.START_PEAK_SECONDS and 0 < calls[1] <= flops.END_PEAK_SECONDS
+    assert end > 2 * start and results["train_matmul_peak_flops"] == end  # the higher one, not the first
+    assert results["train_mfu"] == pytest.approx(results["train_flops_per_second"] / end, rel=2e-3)
+    card = " ".join((tmp_path / "out" / "README.md").read_text().split())
+    assert (f"{results['train_mfu']:.1%} of the fp32 matmul peak the higher of those measured at the start and at "
+            f"the end of training, {start / 1e9:,.0f} and {end / 1e9:,.0f} GFLOP/s: {end / 1e9:,.0f} GFLOP/s (MFU)"
+            in card)
+
+
+def test_the_end_measurement_takes_a_share_of_the_training_time_and_none_after_a_short_run():
+    from hf_scratch_transformer.training.flops import END_PEAK_SECONDS, end_peak_seconds
+
+    assert end_peak_seconds(1410.0) == END_PEAK_SECONDS  # the moonshot's 23.5 minutes: 2 s
+    assert end_peak_seconds(60.0) == pytest.approx(0.6)
+    assert end_peak_seconds(5.0) == 0.0
 
 
 def write_as_before_flops(checkpoint):

@@ -5,7 +5,9 @@ Model FLOPs count the multiply-adds a Transformer needs for the real (non-paddin
 forward and backward (docs/training.md, "FLOPs and MFU"): every weight matrix a token goes through (lm_head included,
 embedding lookups, biases, norms, softmax and the optimiser not), and attention's two products per query-key pair
 that the masks keep. The peak is what `torch.mm` reaches on large square matrices in the dtype the run's matmuls use
-(bf16 autocast runs them in bf16), on a CPU at the most threads the run may use.
+(bf16 autocast runs them in bf16), on a CPU at the most threads the run may use. A run measures it at its start and,
+for a share of its training time, again at its end, and takes the higher: on a shared virtual machine one second's
+measurement can be half or twice another's (docs/training.md, "FLOPs and MFU").
 
     flops = training_flops(model.config, source_lengths, target_lengths)      # one batch
     peak = matmul_peak_flops(torch.bfloat16, torch.device("cpu"))             # FLOP/s, about a second
@@ -18,6 +20,8 @@ from collections.abc import Sequence
 import torch
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+START_PEAK_SECONDS = 1.0  # the matmul peak's measurement before training
+END_PEAK_SECONDS, END_PEAK_SHARE, END_PEAK_MIN_SECONDS = 2.0, 0.01, 0.25  # after: 1 % of the training time, 0.25-2 s
 TRAINING_MULTIPLIER = 3  # forward + backward: the backward takes two products (input and weight gradients) per one
 
 
@@ -112,30 +116,40 @@ def matmul_peak_flops(dtype: torch.dtype, device: torch.device | str = "cpu", se
     return best
 
 
-def run_matmul_peak(accelerator, precision: str, threads) -> float:
+def end_peak_seconds(train_seconds: float) -> float:
+    """How long the run's second matmul peak measurement takes after `train_seconds` of training: 1 % of them, at
+    most 2 s; 0 (none) under 0.25 s, so that a short run (a test's) ends without one."""
+    seconds = min(END_PEAK_SECONDS, END_PEAK_SHARE * train_seconds)
+    return seconds if seconds >= END_PEAK_MIN_SECONDS else 0.0
+
+
+def run_matmul_peak(accelerator, precision: str, threads, seconds: float = START_PEAK_SECONDS) -> float:
     """The matmul peak of a run, in FLOP/s: `matmul_peak_flops` in the dtype of its matmuls (its precision "fp32",
-    "bf16" or "fp16"), measured by every process at once on its own device (processes sharing a CPU share it as in
-    training) and summed. On a CPU at the most threads the run may use (`threads`, a cpu_threads.ThreadTuner: its
+    "bf16" or "fp16") in about `seconds`, measured by every process at once on its own device (processes sharing a
+    CPU share it as in training) and summed. On a CPU at the most threads the run may use (`threads`, a cpu_threads.ThreadTuner: its
     pinned count, else the cores available to the process); torch's thread count is given back after."""
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads.fixed or threads.max_threads)
     try:
-        peak = matmul_peak_flops(PRECISION_DTYPES[precision], accelerator.device)
+        peak = matmul_peak_flops(PRECISION_DTYPES[precision], accelerator.device, seconds=seconds)
     finally:
         torch.set_num_threads(previous)
     return float(accelerator.reduce(torch.tensor(peak, device=accelerator.device), "sum"))
 
 
-def training_throughput(state, peak_flops: float | None) -> dict:
+def training_throughput(state, peaks: Sequence[float]) -> dict:
     """train_results.json's speed figures from a RunState: tokens, tokens/s, model FLOP/s (over the same training
-    seconds), the matmul peak and the MFU (FLOP/s / peak). FLOP/s and MFU are None when the FLOPs are unknown (a run
-    resumed from a checkpoint written before they were counted)."""
+    seconds), the matmul peak (the highest of the run's measurements `peaks`, each listed) and the MFU (FLOP/s /
+    peak). FLOP/s and MFU are None when the FLOPs are unknown (a run resumed from a checkpoint written before they
+    were counted)."""
     seconds = max(state.train_seconds, 1e-9)
+    peak_flops = max(peaks) if peaks else None
     rate = None if state.train_flops is None else state.train_flops / seconds
     return {"train_tokens": state.train_tokens, "train_tokens_per_second": round(state.train_tokens / seconds, 1),
             "train_flops_per_second": None if rate is None else float(f"{rate:.4g}"),
             "train_matmul_peak_flops": None if peak_flops is None else float(f"{peak_flops:.4g}"),
+            "train_matmul_peak_flops_measured": [float(f"{peak:.4g}") for peak in peaks],
             "train_mfu": None if rate is None or not peak_flops else float(f"{rate / peak_flops:.4g}")}
 
 

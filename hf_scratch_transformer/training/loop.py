@@ -32,7 +32,7 @@ from ..data.batching import TrainingBatches
 from .distributed import agree, any_process, main_process_value
 from ..errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import log_row
-from .flops import run_matmul_peak, tokens_and_flops, training_throughput
+from .flops import end_peak_seconds, run_matmul_peak, tokens_and_flops, training_throughput
 from .model_directory import push_during_training
 from .recipe import Recipe
 from .run_directory import checkpoint_name, list_checkpoints, save_checkpoint
@@ -281,7 +281,7 @@ class TrainingLoop:
         self.schedule = StepSchedule(args.logging_steps, self.length.eval_steps, args.save_steps, self.total_steps,
                                      self.length.load_best, self.fitted)
         self.non_finite, self.signals, self.window = NonFiniteLoss(accelerator.device), StopSignals(), LogWindow()
-        self.progress, self._expected_time_logged, self.matmul_peak = None, False, None
+        self.progress, self._expected_time_logged, self.matmul_peaks = None, False, []
 
     def resume(self, checkpoint: Path) -> None:
         """Model, optimiser, schedule, RNG states and position in the data from `checkpoint`."""
@@ -304,7 +304,7 @@ class TrainingLoop:
         self.progress = tqdm(total=self.total_steps, initial=state.global_step, desc="training", unit="step",
                              disable=not self.is_main, dynamic_ncols=True)
         self._fit_schedule()  # a resumed run's minutes left
-        self.matmul_peak = run_matmul_peak(self.accelerator, self.recipe.precision, self.threads)  # before the clock
+        self.matmul_peaks = [run_matmul_peak(self.accelerator, self.recipe.precision, self.threads)]  # before the clock
         self.window = LogWindow()
         self.train_model.train()
         if self.threads is not None:
@@ -451,6 +451,7 @@ class TrainingLoop:
         """The end of training: the last weights validated when the best model is kept (they are a candidate),
         a checkpoint of them, then the best checkpoint's weights loaded if they are not the last ones."""
         state, load_best = self.state, self.length.load_best
+        self._measure_peak_again()
         validated = [row for row in state.history if "eval_loss" in row and row["step"] == state.global_step]
         if load_best and not validated:
             self._validate_and_track()
@@ -466,6 +467,15 @@ class TrainingLoop:
         step = state.best_step if load_best and best else state.global_step
         self.final_validation = next((row for row in state.history if "eval_loss" in row and row["step"] == step),
                                      None)
+
+    def _measure_peak_again(self) -> None:
+        """The matmul peak once more, now that the run knows how long it trained (flops.end_peak_seconds); the same
+        decision in every process, from their mean training time."""
+        trained = self.accelerator.reduce(torch.tensor(self.state.train_seconds, device=self.accelerator.device),
+                                          "mean")
+        seconds = end_peak_seconds(float(trained))
+        if seconds:
+            self.matmul_peaks.append(run_matmul_peak(self.accelerator, self.recipe.precision, self.threads, seconds))
 
     def validate(self) -> dict:
         """Validation at the current step (see Evaluator.validate)."""
@@ -501,7 +511,7 @@ def train_results(loop: TrainingLoop, runtime: float) -> dict:
         "train_loss": mean_train_loss(state.history),
         "epoch": loop.batches.epoch_fraction(state.epoch, state.batches_done_in_epoch),
         "train_steps": steps,
-        **training_throughput(state, loop.matmul_peak),
+        **training_throughput(state, loop.matmul_peaks),
         "train_padding_fraction": loop.batches.padding_fraction(),
         "train_precision": loop.recipe.precision,
         **({"train_cpu_threads": loop.threads.current, "train_cpu_thread_changes": loop.threads.changes,
