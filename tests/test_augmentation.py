@@ -1,6 +1,7 @@
 """augmentation.py: the training-time noise, on the training batches only and new at every epoch: BPE-dropout
 (--bpe_dropout, seeded re-segmentation) and source noise (--source_paraphrase_rate, --source_plain_quotes_rate,
---source_lowercase_rate, --source_typo_rate), all behind one `Augmentation`."""
+--source_lowercase_rate, --source_typo_rate, --source_contraction_rate, --source_spaced_punctuation_rate), all behind
+one `Augmentation`."""
 
 import collections
 import json
@@ -19,6 +20,7 @@ from hf_scratch_transformer.training.augmentation import (
     BPEDropout,
     NoiseCollator,
     SourceNoise,
+    contract,
     misspell,
     noise_collator,
     source_paraphrases,
@@ -291,7 +293,8 @@ def test_source_noise_flags_are_checked_before_training(tmp_path):
     from hf_scratch_transformer.errors import UsageError
 
     for flag, value in (("source_lowercase_rate", 1.0), ("source_typo_rate", -0.1), ("source_paraphrase_rate", 1.0),
-                        ("source_plain_quotes_rate", 1.0)):
+                        ("source_plain_quotes_rate", 1.0), ("source_contraction_rate", 1.5),
+                        ("source_spaced_punctuation_rate", -0.5)):
         with pytest.raises(UsageError, match=flag):
             parse_arguments(quick_flags(tmp_path, **{flag: value}))
 
@@ -324,6 +327,48 @@ def test_plain_quotes_reach_the_training_sources(tmp_path, recorded):
     assert not any("'" in source or '"' in source for source in decoded_sources(seen, tokenizer))
     card = " ".join((tmp_path / "plain-quotes" / "README.md").read_text().split())
     assert "plain quotes in 50% of the source sentences with typographic ones" in card
+
+
+def test_contract_writes_english_as_people_type_it():
+    assert contract("Do not be afraid; I am the way, and you are not alone.") == \
+        "Don't be afraid; I'm the way, and you aren't alone."
+    assert contract("He cannot come, let us go. It is there, that is all.") == \
+        "He can't come, let's go. It's there, that's all."
+    assert contract("i will see: they have said it would not be.") == "I'll see: they've said it wouldn't be."
+    # only whole words, and a verb that ends the clause stays ("it is." cannot be "it's.")
+    for kept in ("The island is green.", "Who knows what it is?", "Donot hide.", "Isaac is here, he is."):
+        assert contract(kept) == kept
+
+
+def test_contractions_and_spaced_punctuation_apply_at_their_rates_and_draw_only_where_they_can():
+    for rate_name, sentence, changed in (
+            ("source_contraction_rate", "They will not go, for it is late.", "They won't go, for it's late."),
+            ("source_spaced_punctuation_rate", "Wait, what? Go: now; 3.5 km.", "Wait , what ? Go : now ; 3.5 km .")):
+        noise = SourceNoise(Augmentation(**{rate_name: 0.3}))
+        drawn = [noise.apply(sentence, random.Random(seed)) for seed in range(500)]
+        assert set(drawn) == {sentence, changed}
+        assert 0.23 < drawn.count(changed) / 500 < 0.37
+        rng = random.Random(5)  # a sentence neither can change draws nothing: the later changes see the same draws
+        assert noise.apply("Jesus wept", rng) == "Jesus wept" and rng.random() == random.Random(5).random()
+
+
+def test_contractions_and_spaced_punctuation_reach_the_training_sources(tmp_path, recorded):
+    seen = recorded.seen
+    flags = dict(max_train_samples=80, max_steps=12, eval_steps=0, save_steps=0, **NO_SOURCE_NOISE)
+    run_quick(tmp_path / "typed", **{**flags, "source_contraction_rate": 0.9, "source_spaced_punctuation_rate": 0.9})
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "typed")
+    sources = decoded_sources(seen, tokenizer)
+    assert any("n't" in source or "'s " in source or "'ll" in source for source in sources)
+    assert any(" ," in source or " ." in source for source in sources)
+    seen.clear()
+    run_quick(tmp_path / "as-written", **flags)
+    plain = decoded_sources(seen, tokenizer)
+    assert not any("n't" in source for source in plain) and not any(" ." in source for source in plain)
+    card = " ".join((tmp_path / "typed" / "README.md").read_text().split())
+    assert ("contractions in 90% of the source sentences that can have them, a space before punctuation in 90% of "
+            "the source sentences") in card
 
 
 # ------------------------------------------------------------------------------------------------ paraphrases
