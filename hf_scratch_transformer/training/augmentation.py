@@ -41,7 +41,7 @@ class Augmentation:
     source_paraphrase_rate: float = 0.0  # share of source sentences with paraphrases replaced by one
     source_plain_quotes_rate: float = 0.0  # share of source sentences with typographic quotes given plain ones
     source_typo_rate: float = 0.0  # share of source words (four letters or more) given one typo
-    source_contraction_rate: float = 0.0  # share of (English) source sentences with contractions where they can be
+    source_contraction_rate: float = 0.0  # share of English source sentences with pairs to contract, contracted
     source_spaced_punctuation_rate: float = 0.0  # share of source sentences with a space before , . ; : ! ?
 
     def __post_init__(self):

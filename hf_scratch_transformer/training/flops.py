@@ -126,8 +126,9 @@ def end_peak_seconds(train_seconds: float) -> float:
 def run_matmul_peak(accelerator, precision: str, threads, seconds: float = START_PEAK_SECONDS) -> float:
     """The matmul peak of a run, in FLOP/s: `matmul_peak_flops` in the dtype of its matmuls (its precision "fp32",
     "bf16" or "fp16") in about `seconds`, measured by every process at once on its own device (processes sharing a
-    CPU share it as in training) and summed. On a CPU at the most threads the run may use (`threads`, a cpu_threads.ThreadTuner: its
-    pinned count, else the cores available to the process); torch's thread count is given back after."""
+    CPU share it as in training) and summed. On a CPU at the most threads the run may use (`threads`, a
+    cpu_threads.ThreadTuner: its pinned count, else the cores available to the process); torch's thread count is
+    given back after."""
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads.fixed or threads.max_threads)

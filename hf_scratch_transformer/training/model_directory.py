@@ -157,13 +157,13 @@ def _training_speed(results: dict) -> str:
     speed = f"{results['train_tokens_per_second']:,.0f} non-padding tokens/s"
     if results.get("train_mfu") is None:
         return speed + " (model FLOPs not counted: resumed from a checkpoint written before they were)"
+    used = (f"{speed}, {results['train_flops_per_second'] / 1e9:,.1f} model GFLOP/s: {results['train_mfu']:.1%} of "
+            f"the {results['train_precision']} matmul peak")
     measured = results.get("train_matmul_peak_flops_measured") or []
-    when = ("measured at the start" if len(measured) < 2 else
-            "the higher of those measured at the start and at the end of training, "
-            + " and ".join(f"{peak / 1e9:,.0f}" for peak in measured) + " GFLOP/s:")
-    return (f"{speed}, {results['train_flops_per_second'] / 1e9:,.1f} model GFLOP/s: {results['train_mfu']:.1%} of "
-            f"the {results['train_precision']} matmul peak {when} "
-            f"{results['train_matmul_peak_flops'] / 1e9:,.0f} GFLOP/s (MFU)")
+    if len(measured) < 2:
+        return f"{used} measured at the start, {results['train_matmul_peak_flops'] / 1e9:,.0f} GFLOP/s (MFU)"
+    return (f"{used}, {results['train_matmul_peak_flops'] / 1e9:,.0f} GFLOP/s (MFU; the higher of those measured at "
+            f"the start and at the end of training, {measured[0] / 1e9:,.0f} and {measured[1] / 1e9:,.0f} GFLOP/s)")
 
 
 def _final_weights(results: dict) -> str:
