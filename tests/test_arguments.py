@@ -74,6 +74,21 @@ def test_the_gpu_recipe_is_the_cpu_recipe_trained_longer():
     assert (args.average_checkpoints, args.save_total_limit, args.bf16) == (5, 5, True)
 
 
+def test_the_moonshot_config_is_the_documented_command():
+    """configs/moonshot-en-es.yaml is README's moonshot command, flag for flag (its runs were made with the flags),
+    and leaves the model's settings to the recipe."""
+    command = ["--max_train_minutes", "23.5", "--max_tokens", "2048", "--source_contraction_rate", "0.5",
+               "--source_spaced_punctuation_rate", "0.1", "--source_typo_rate", "0.01",
+               "--output_dir", "outputs/scratch-small-en-es-moonshot"]
+    from_config = parse_arguments([str(REPO / "configs" / "moonshot-en-es.yaml")])
+    assert [vars(group) for group in from_config] == [vars(group) for group in parse_arguments(command)]
+    model_args, data_args, args = from_config
+    assert (args.max_train_minutes, data_args.max_tokens, args.source_typo_rate) == (23.5, 2048, 0.01)
+    assert model_args.dropout is None and model_args.preset is None  # the default preset, small
+    readme = (REPO / "README.md").read_text()
+    assert "python train.py configs/moonshot-en-es.yaml" in readme
+
+
 def test_the_gpu_recipe_runs_its_code_paths_on_a_cpu(tmp_path):
     """configs/gpu-en-es.yaml's options (bf16, averaging, loader workers), shrunk to a tiny run."""
     flags = tiny_run_flags(tmp_path, max_steps=4, save_steps=2, eval_steps=0, num_beams=1, do_train=True,
