@@ -24,6 +24,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+from build_corpora import DEFAULT_OUTPUT_DIR
 from common import git_commit, loadavg, machine_info
 
 from hf_scratch_transformer.data.loading import DataArguments
@@ -31,7 +32,7 @@ from hf_scratch_transformer.training.recipe import BF16_CPU_STEP_BUDGET, DEFAULT
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "recipe_sweep.jsonl"
-CORPORA = REPO / "work" / "corpora"  # build_corpora.py's default output
+CORPORA = DEFAULT_OUTPUT_DIR  # where build_corpora.py writes the corpora a name stands for
 
 # train.py's --max_tokens and --tokenizer_vocab_size defaults, which the steps and bpe variants scale
 DEFAULT_MAX_TOKENS, DEFAULT_VOCAB = (next(f.default for f in fields(DataArguments) if f.name == name)

@@ -204,3 +204,12 @@ def test_the_command_line_check_fails_on_a_missing_corpus_and_refuses_an_unknown
     with pytest.raises(SystemExit) as exit_info:
         main(["bible_en_xx"])
     assert exit_info.value.code == 2
+
+
+def test_the_recipe_sweep_reads_corpora_where_they_are_built():
+    """`recipe_sweep.py games_en_ru ...` looks a corpus name up where build_corpora.py writes it by default (it looked
+    in work/corpora at the repository's root, where nothing is built)."""
+    import build_corpora
+    import recipe_sweep
+
+    assert recipe_sweep.CORPORA == build_corpora.DEFAULT_OUTPUT_DIR
