@@ -7,8 +7,10 @@ with one variant's flags and nothing else, so the default row is exactly what a 
     python benchmarks/recipe_sweep.py --list
 
 Variants (VARIANTS): the default; --dropout 0 / 0.1 / 0.3 (whatever the recipe chose, pinned); the step budget x0.5
-and x2 in the same time (--max_tokens x2 / x0.5, so every variant sees about the same tokens; early stopping and
-the best model kept as under the run-length rule); the BPE vocabulary x0.5 and x2. A row of
+and x2 in the same time (--max_tokens 2,048 / 512 for the budget's 1,024, so every variant sees about the same tokens;
+early stopping and the best model kept as under the run-length rule; `steps1` is the budget at 1,024 tokens, the
+default run spelled out where the default batch is 1,024); the BPE vocabulary x0.5 and x2. `--train_flags` adds flags
+to every variant (on a GPU, `--bf16 true`: the precision the CPU recipe chooses). A row of
 results/recipe_sweep.jsonl holds the corpus, the variant, its flags, the recipe train.py resolved (dropout and why),
 wall time, steps, epochs, why it stopped, the best validation BLEU and the test BLEU greedy / beam 4, with the
 machine, load and `--note`. The choice between variants is made on validation BLEU; the table also shows test.
@@ -18,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -28,15 +31,17 @@ from build_corpora import DEFAULT_OUTPUT_DIR
 from common import git_commit, loadavg, machine_info
 
 from hf_scratch_transformer.data.loading import DataArguments
-from hf_scratch_transformer.training.recipe import BF16_CPU_STEP_BUDGET, DEFAULT_STEP_BUDGET, dropout_for
+from hf_scratch_transformer.training.recipe import (BF16_CPU_STEP_BUDGET, DEFAULT_STEP_BUDGET, STEP_BUDGET_BATCH_TOKENS,
+                                                      dropout_for)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "recipe_sweep.jsonl"
 CORPORA = DEFAULT_OUTPUT_DIR  # where build_corpora.py writes the corpora a name stands for
 
-# train.py's --max_tokens and --tokenizer_vocab_size defaults, which the steps and bpe variants scale
-DEFAULT_MAX_TOKENS, DEFAULT_VOCAB = (next(f.default for f in fields(DataArguments) if f.name == name)
-                                     for name in ("max_tokens", "tokenizer_vocab_size"))
+# What the steps and bpe variants scale: the batch the step budget is counted in (train.py's batch rule gives it to
+# pairs of at most 24 tokens on average, 2,048 tokens to longer ones) and train.py's --tokenizer_vocab_size default
+DEFAULT_MAX_TOKENS = STEP_BUDGET_BATCH_TOKENS
+DEFAULT_VOCAB = next(f.default for f in fields(DataArguments) if f.name == "tokenizer_vocab_size")
 
 
 def variant_flags(name: str, step_budget: int) -> list[str]:
@@ -66,7 +71,7 @@ def languages(corpus: Path) -> tuple[str, str]:
 def run(corpus: Path, variant: str, args) -> dict:
     source, target = languages(corpus)
     output_dir = args.output_root / f"{corpus.name}-{variant}"
-    flags = variant_flags(variant, args.step_budget)
+    flags = variant_flags(variant, args.step_budget) + shlex.split(args.train_flags)
     if args.record_only:  # a run made before, whose row was not written: read its output directory
         return row(corpus, variant, flags, output_dir, args, wall=None, load="(recorded afterwards)")
     command = [sys.executable, str(REPO / "train.py"), "--output_dir", str(output_dir), "--overwrite_output_dir",
@@ -155,6 +160,9 @@ def main() -> None:
     parser.add_argument("--step_budget", type=int, default=BF16_CPU_STEP_BUDGET,
                         help=f"the default run's step budget, which the steps variants scale ({BF16_CPU_STEP_BUDGET:,} "
                              f"with bf16 on a CPU with bf16 units, {DEFAULT_STEP_BUDGET:,} in fp32)")
+    parser.add_argument("--train_flags", default="",
+                        help="train.py flags added to every variant's, as one string (on a GPU, for example, "
+                             "\"--bf16 true\", the precision the CPU recipe chooses there); recorded in the row's flags")
     parser.add_argument("--note", default="", help="what else ran on the machine (written beside the figures)")
     parser.add_argument("--output_root", type=Path, default=REPO / "outputs" / "recipe-sweep")
     parser.add_argument("--record_only", action="store_true",
