@@ -213,3 +213,28 @@ def test_the_recipe_sweep_reads_corpora_where_they_are_built():
     import recipe_sweep
 
     assert recipe_sweep.CORPORA == build_corpora.DEFAULT_OUTPUT_DIR
+
+
+def test_the_recipe_sweep_gives_train_py_the_variants_flags_and_train_flags(tmp_path):
+    """`--train_flags` reach train.py after the variant's (a GPU run gets `--bf16 true`, the CPU recipe's precision)
+    and are recorded in the row: here a tiny model, which the run's config.json shows."""
+    import argparse
+
+    import recipe_sweep
+
+    corpus = tmp_path / "tiny_en_es"
+    corpus.mkdir()
+    pairs = [{"translation": {"en": f"open the file number {i}", "es": f"abre el archivo número {i}"}}
+             for i in range(60)]
+    for split in ("train", "validation", "test"):
+        (corpus / f"{split}.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    (corpus / "manifest.json").write_text(json.dumps({"languages": {"source": "en", "target": "es"}}))
+    args = argparse.Namespace(
+        seed=42, cpu_threads=1, step_budget=4, note="test", output_root=tmp_path / "runs", record_only=False,
+        commit="test", train_flags="--preset tiny --tokenizer_vocab_size 300 --max_eval_samples 4 "
+                                   "--max_predict_samples 2 --num_beams 1 --eval_max_new_tokens 4 --bf16 false")
+    row = recipe_sweep.run(corpus, "steps1", args)
+    assert row["flags"].startswith("--max_steps 4 --max_tokens 1024 ") and row["flags"].endswith(args.train_flags)
+    assert row["train_steps"] == 4 and row["corpus"] == "tiny_en_es"
+    config = json.loads((tmp_path / "runs" / "tiny_en_es-steps1" / "config.json").read_text())
+    assert config["d_model"] == 64  # the tiny preset of --train_flags, not train.py's default small
