@@ -7,7 +7,7 @@ import logging
 
 import pytest
 import torch
-from helpers import REPO, fails_with, run_tiny, tiny_run_flags
+from helpers import REPO, fails_with, run_tiny, tiny_run_flags, write_jsonl
 
 from hf_scratch_transformer import ScratchTransformerConfig, cpu_threads, memory_allocator
 from hf_scratch_transformer.data.loading import DataArguments
@@ -18,6 +18,7 @@ from hf_scratch_transformer.training.recipe import (
     BF16_TCMALLOC_CPU_STEP_BUDGET,
     DEFAULT_AUGMENTATION,
     DEFAULT_STEP_BUDGET,
+    LONG_PAIR_TOKENS,
     dropout_for,
     resolve_recipe,
     run_length,
@@ -114,7 +115,7 @@ def test_the_step_budget_follows_the_malloc_the_process_runs_on(cpu_flags, proce
     recipe, _, args = recipe_of([])
     assert recipe.step_budget == budget
     assert recipe.run_length(args, steps_per_epoch=1108).total_steps == budget
-    assert f"at most {budget:,} steps" in recipe.describe()
+    assert f"at most the tokens of {budget:,} steps of 1,024 tokens" in recipe.describe()
     assert run_length(RunArguments(max_steps=8), 1108, recipe.step_budget).total_steps == 8  # --max_steps wins
 
 
@@ -151,7 +152,7 @@ def test_a_run_without_precision_flags_follows_the_cpu(cpu_flags, flags, steps, 
                            eval_steps=0, save_steps=0, max_eval_samples=2, max_predict_samples=2, num_beams=1,
                            eval_max_new_tokens=2)  # the small preset's width: the tiny preset stays fp32
     logged = " ".join(record.getMessage() for record in caplog.records)
-    assert f"in place of the run-length rule's {steps:,} steps" in logged and f"at most {steps:,} steps" in logged
+    assert f"in place of the run-length rule's {steps:,} steps" in logged and f"at most the tokens of {steps:,} steps of 1,024 tokens" in logged
     assert ("bf16 mixed precision: this CPU has" in logged) == (units is not None)
     assert units is None or f"this CPU has {units}, where bf16 trains" in logged
     assert f"; {precision}; wall time" in (tmp_path / "README.md").read_text()
@@ -291,7 +292,8 @@ def test_a_training_run_prints_records_and_states_its_recipe(tmp_path, caplog):
     # printed before the corpus is known: the dropout rule; recorded after: the dropout it chose
     assert all(f"  {line}" in printed[0] for line in recorded["description"] if not line.startswith("new model: "))
     assert "dropout by the epochs the run plans over its corpus" in printed[0]
-    assert recorded["description"][2].endswith(chosen.removeprefix("the recipe for this corpus: "))
+    [new_model] = [line for line in recorded["description"] if line.startswith("new model: ")]
+    assert new_model.endswith(chosen.removeprefix("the recipe for this corpus: "))
     card = " ".join((tmp_path / "out" / "README.md").read_text().split())
     assert "The recipe (train.py's defaults, as resolved for this run): precision: fp32 (--bf16 false); " in card
     assert "typos in 1% of the source words" in card and "where the config class keeps the paper's" in card
@@ -325,3 +327,65 @@ def test_readme_and_the_training_guide_name_the_default_vocabulary():
     guide = " ".join((REPO / "docs" / "training.md").read_text(encoding="utf-8").split())
     assert f"joint BPE of {size:,};" in readme
     assert f"(`--tokenizer_vocab_size`, default {size};" in guide
+
+
+# ------------------------------------------------------------------------------------------------ the batch
+
+
+@pytest.mark.parametrize("mean, batch", [(13.9, 1024), (20.1, 1024), (LONG_PAIR_TOKENS, 1024),
+                                         (LONG_PAIR_TOKENS + 0.1, 2048), (28.9, 2048), (34.2, 2048), (None, 1024)],
+                         ids=["software", "greek_games", "at_the_bound", "above_it", "russian_games", "bible",
+                              "streamed"])
+def test_without_max_tokens_the_batch_follows_the_pairs_length_and_the_budget_its_tokens(tmp_path, mean, batch):
+    """Short pairs: 1,024-token batches; long ones: 2,048, with the run-length rule's steps halved so that the run
+    trains the tokens of its budget (the same minutes, or fewer: larger batches train more tokens a second)."""
+    recipe, _, args = recipe_of(tiny_run_flags(tmp_path, max_tokens=None, max_steps=None))
+    assert recipe.batch_by_rule and "chosen once the corpus is known" in recipe.batch_line()
+    chosen = recipe.for_corpus(mean, longest_allowed=96)
+    assert chosen.batch_tokens == batch
+    length = chosen.run_length(args, steps_per_epoch=10**6)
+    assert length.total_steps == recipe.step_budget * 1024 // batch
+    line = chosen.batch_line()
+    assert line.startswith(f"{batch:,} tokens a batch, since ") and "--max_tokens to choose" in line
+    assert (f"average {mean:.1f} tokens" in line) if mean is not None else "a streamed corpus" in line
+    assert chosen.as_dict()["batch_tokens"] == batch
+
+
+@pytest.mark.parametrize("max_tokens, batch, steps_factor", [(4096, 4096, 0.25), (1024, 1024, 1), (0, None, 1)])
+def test_a_given_max_tokens_wins_and_the_rule_trains_the_tokens_of_its_budget(tmp_path, max_tokens, batch,
+                                                                               steps_factor):
+    recipe, _, args = recipe_of(tiny_run_flags(tmp_path, max_tokens=max_tokens, max_steps=None))
+    chosen = recipe.for_corpus(34.2, longest_allowed=96)
+    assert chosen.batch_tokens == batch and not chosen.batch_by_rule
+    assert chosen.run_length(args, steps_per_epoch=10**6).total_steps == recipe.step_budget * steps_factor
+
+
+def test_the_batch_rule_never_gives_less_than_the_longest_pair_allowed(tmp_path):
+    recipe, _, _ = recipe_of(tiny_run_flags(tmp_path, max_tokens=None, max_source_length=1500,
+                                            max_target_length=1500, max_position_embeddings=1600))
+    assert recipe.for_corpus(10.0, longest_allowed=1500).batch_tokens == 1500
+
+
+def test_a_run_without_max_tokens_batches_long_pairs_by_2048_tokens_and_says_why(tmp_path, caplog):
+    """The rule's batch is the one the run trains with: an epoch of the same pairs has the steps of
+    --max_tokens 2048, not 1,024's, and the log, train_results.json and the model card say so."""
+    long_pairs = [{"translation": {"en": " ".join(f"word{i} number{j}" for j in range(12)),
+                                   "es": " ".join(f"palabra{i} numero{j}" for j in range(12))}} for i in range(300)]
+    corpus = write_jsonl(tmp_path / "long.jsonl", long_pairs)
+    common = dict(train_file=str(corpus), validation_file=str(corpus), max_train_samples=None, max_steps=4,
+                  save_steps=0, eval_steps=0, do_eval=False, do_predict=False)
+
+    def planned_epochs(name, **flags):
+        with caplog.at_level(logging.INFO, logger="hf_scratch_transformer"):
+            results = run_tiny(tmp_path / name, **common, **flags)
+        return results["recipe"]["planned_epochs"], results["recipe"]
+
+    caplog.clear()
+    by_rule, recipe = planned_epochs("rule", max_tokens=None)
+    assert recipe["batch_tokens"] == 2048 and recipe["mean_pair_tokens"] > LONG_PAIR_TOKENS
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("the recipe for this corpus: 2,048")]
+    assert "tokens on their longer side" in line
+    assert by_rule == planned_epochs("given_2048", max_tokens=2048)[0]
+    assert by_rule > 1.5 * planned_epochs("given_1024", max_tokens=1024)[0]  # 1,024: twice the steps an epoch
+    card = " ".join((tmp_path / "rule" / "README.md").read_text().split())
+    assert "at most 2048 tokens per batch" in card and "batch: 2,048 tokens a batch, since" in card

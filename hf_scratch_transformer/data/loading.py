@@ -95,10 +95,11 @@ class DataArguments:
         default=500_000, metadata={"help": "Train the tokenizer on at most this many sampled sentences."}
     )
     max_tokens: int | None = field(
-        default=1024,
+        default=None,
         metadata={
             "help": "Token budget per batch (batch size x longest padded side); 0: fixed-size sentence batches of "
-            "--per_device_train_batch_size."
+            "--per_device_train_batch_size. Default: the recipe's, 1024, or 2048 where the training pairs average "
+            "more than 24 tokens on their longer side."
         },
     )
 

@@ -277,6 +277,14 @@ def sequence_lengths(dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
     return list_lengths(dataset, "input_ids"), list_lengths(dataset, "labels")
 
 
+def mean_pair_tokens(dataset) -> float | None:
+    """Mean tokens of a tokenised split's pairs on their longer side, what a token-bucketed batch is paid by (None for
+    a streamed split, whose lengths are unknown before it is read, or an empty one)."""
+    if not isinstance(dataset, Dataset) or len(dataset) == 0:
+        return None
+    return float(np.maximum(*sequence_lengths(dataset)).mean())
+
+
 def make_collator(tokenizer) -> DataCollatorForSeq2Seq:
     """Pads ``input_ids`` with the pad id and ``labels`` with -100; the model derives decoder inputs from labels."""
     return DataCollatorForSeq2Seq(tokenizer, model=None, label_pad_token_id=-100, pad_to_multiple_of=None)

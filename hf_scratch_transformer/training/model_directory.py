@@ -134,7 +134,7 @@ def model_card(template: str | Path, *, model, model_args, data_args, args, reci
                  f"{config.activation_dropout})"),
         training_noise=recipe.augmentation.describe(), recipe="; ".join(recipe.lines()),
         final_weights=_final_weights(results), training_end=results.get("stop_detail") or "not recorded",
-        decoding=_decoding(args), max_grad_norm=args.max_grad_norm, batching=_batching(data_args, args),
+        decoding=_decoding(args), max_grad_norm=args.max_grad_norm, batching=_batching(recipe, args),
         steps=state.global_step,
         epochs=round(results.get("epoch", state.epoch), 2), train_tokens=f"{state.train_tokens:,}",
         hardware=hardware, precision=_precision(recipe), training_speed=_training_speed(results), train_time=f"{results['train_runtime'] / 60:.1f} minutes",
@@ -215,8 +215,8 @@ def _architecture(config, model_args) -> str:
             f"{'pre' if config.normalize_before else 'post'}-norm " + origin)
 
 
-def _batching(data_args, args) -> str:
-    batches = (f"token-bucketed, at most {data_args.max_tokens} tokens per batch and process" if data_args.max_tokens
+def _batching(recipe, args) -> str:
+    batches = (f"token-bucketed, at most {recipe.batch_tokens} tokens per batch and process" if recipe.batch_tokens
                else f"{args.per_device_train_batch_size} sentences per batch and process")
     return batches + f", gradient accumulation {args.gradient_accumulation_steps}"
 

@@ -3,7 +3,9 @@
 Where a flag leaves a choice open, the recipe makes it:
 
 - the **run length** (`run_length`, `RunLength`) when neither --max_steps nor --num_train_epochs is given: a step
-  budget, or with --max_train_minutes the steps those minutes hold on this machine;
+  budget (counted in 1,024-token steps), or with --max_train_minutes the steps those minutes hold on this machine;
+- the **batch** when --max_tokens is not given: 1,024 or 2,048 tokens by the training pairs' mean length, once the
+  corpus is known (BATCH_TOKENS_BY_PAIR_LENGTH: `Recipe.for_corpus`);
 - the **precision** when neither --bf16 nor --fp16 is given: bf16 mixed precision where the CPU has bf16 matrix units,
   for a new model at least BF16_CPU_MIN_WIDTH wide, with BF16_CPU_STEP_BUDGET steps (BF16_TCMALLOC_CPU_STEP_BUDGET on
   tcmalloc, where steps are faster);
@@ -59,6 +61,49 @@ STREAMED_MOST_STEPS = 10**9
 # or more (2,048 tokens: 1.02-1.30x 1,024's in train.py's loop, benchmarks/results/batch_tokens_throughput.md), and
 # planning the budget's steps at 2,048 tokens planned 10.9 epochs, dropout 0.1, for a run that trained 4.8.
 STEP_BUDGET_BATCH_TOKENS = 1024
+
+
+def budget_steps(budget: int, batch_tokens: int | None) -> int:
+    """The steps of batches of `batch_tokens` tokens (None: of sentences) that train the tokens of `budget` steps of
+    STEP_BUDGET_BATCH_TOKENS: the run-length rule's budget is counted in tokens."""
+    if not batch_tokens:
+        return budget
+    return max(1, round(budget * STEP_BUDGET_BATCH_TOKENS / batch_tokens))
+
+
+# ------------------------------------------------------------------------------------------------ the batch
+
+# Without --max_tokens, a batch holds DEFAULT_BATCH_TOKENS tokens, or LONG_PAIRS_BATCH_TOKENS where the training pairs
+# average more than LONG_PAIR_TOKENS tokens on their longer side, with the run-length rule's steps fitted to the same
+# tokens (budget_steps). At equal tokens, 2,048-token batches were ahead where pairs are long: Russian game text (28.9
+# tokens a pair) +1.3 to +1.6 validation BLEU in three runs (CPU and GPU), the shipped corpus (34.2) +0.1 and +1.0 in
+# two seeds; about level on Greek game text (20.1 tokens: +0.3), and behind on software messages (13.9): -2.1 and
+# -1.4 in two seeds (docs/training.md, "The batch by the pairs' length"; benchmarks/results/recipe_sweep.md). A batch
+# of short pairs holds many of them already; one of long pairs holds few, so its gradient is noisier. The bound lies
+# between what was measured (20.1 and 28.9), not at a measured edge; longer batches than 2,048 were not measured on a CPU.
+DEFAULT_BATCH_TOKENS = STEP_BUDGET_BATCH_TOKENS
+LONG_PAIRS_BATCH_TOKENS = 2048
+LONG_PAIR_TOKENS = 24
+BATCH_WHY = {
+    DEFAULT_BATCH_TOKENS: "on software messages (13.9 tokens a pair) 2,048-token batches were 1.4 and 2.1 validation "
+                          "BLEU behind 1,024 at equal tokens",
+    LONG_PAIRS_BATCH_TOKENS: "on Russian game text (28.9 tokens a pair) and the shipped corpus (34.2) 2,048-token "
+                             "batches were up to 1.6 validation BLEU ahead of 1,024 at equal tokens",
+}
+
+
+def batch_tokens_for(mean_pair_tokens: float | None) -> int:
+    """The batch rule's --max_tokens for training pairs of `mean_pair_tokens` tokens on their longer side on average
+    (None: a streamed corpus, whose lengths are unknown)."""
+    if mean_pair_tokens is not None and mean_pair_tokens > LONG_PAIR_TOKENS:
+        return LONG_PAIRS_BATCH_TOKENS
+    return DEFAULT_BATCH_TOKENS
+
+
+def batch_rule() -> str:
+    """The batch rule in words."""
+    return (f"{DEFAULT_BATCH_TOKENS:,} tokens a batch, {LONG_PAIRS_BATCH_TOKENS:,} where the training pairs average "
+            f"more than {LONG_PAIR_TOKENS} tokens on their longer side")
 
 # ------------------------------------------------------------------------------------------------ the precision
 
@@ -162,9 +207,7 @@ class RunLength:
     def minutes_steps(self) -> int:
         """What a time budget ("minutes") plans, as its steps are known only as the run goes: the tokens of the
         run-length rule's step budget (what the minutes are meant to replace), in steps of this run's batches."""
-        if not self.batch_tokens:
-            return self.step_budget
-        return max(1, round(self.step_budget * STEP_BUDGET_BATCH_TOKENS / self.batch_tokens))
+        return budget_steps(self.step_budget, self.batch_tokens)
 
     @property
     def planned_steps(self) -> int:
@@ -192,7 +235,7 @@ class RunLength:
                     f"dropout is chosen for {self._minutes_plan()}); {validation}; {stopping}; {kept}")
         epochs = f" ({self.epochs:.3g} epochs of {self.steps_per_epoch:,} steps)" if self.steps_per_epoch else ""
         why = {"max_steps": "--max_steps", "epochs": "--num_train_epochs",
-               "rule": f"the run-length rule: at most {self.step_budget:,} steps and {DEFAULT_MAX_EPOCHS} epochs, "
+               "rule": f"the run-length rule: at most {self._budget_in_words()} and {DEFAULT_MAX_EPOCHS} epochs, "
                        f"since neither --max_steps nor --num_train_epochs was given"}[self.source]
         return f"training for {self.total_steps:,} steps{epochs} ({why}); {validation}; {stopping}; {kept}"
 
@@ -202,6 +245,12 @@ class RunLength:
             return "the rule's steps"
         return (f"the rule's {self.step_budget:,} steps of {STEP_BUDGET_BATCH_TOKENS:,} tokens: "
                 f"{self.minutes_steps:,} of this run's {self.batch_tokens:,}")
+
+    def _budget_in_words(self) -> str:
+        if self.minutes_steps == self.step_budget:
+            return f"{self.step_budget:,} steps"
+        return (f"{self.minutes_steps:,} steps (the tokens of the budget's {self.step_budget:,} steps of "
+                f"{STEP_BUDGET_BATCH_TOKENS:,} tokens in this run's batches of {self.batch_tokens:,})")
 
 
 def run_length(args, steps_per_epoch: int | None, budget: int = DEFAULT_STEP_BUDGET,
@@ -216,7 +265,7 @@ def run_length(args, steps_per_epoch: int | None, budget: int = DEFAULT_STEP_BUD
     elif args.max_train_minutes > 0:  # the rule's length is the minutes: total_steps is only a bound
         total, source = (DEFAULT_MAX_EPOCHS * steps_per_epoch if steps_per_epoch else STREAMED_MOST_STEPS), "minutes"
     else:
-        total, source = budget, "rule"
+        total, source = budget_steps(budget, batch_tokens), "rule"
         if steps_per_epoch:
             total = min(total, DEFAULT_MAX_EPOCHS * steps_per_epoch)
     eval_steps = args.eval_steps
@@ -249,7 +298,10 @@ class Recipe:
     mask_protected_spans: bool = True  # --mask_protected_spans: shared spans masked by sentinel tokens
     planned_epochs: float | None = None  # set by for_run once the corpus is known (None: not yet, or streamed)
     resolved_for_run: bool = False
-    batch_tokens: int | None = None  # --max_tokens (None: batches of a fixed number of sentences)
+    batch_tokens: int | None = None  # --max_tokens or the batch rule's (None: batches of a fixed number of sentences)
+    batch_by_rule: bool = False  # no --max_tokens: the batch rule chooses batch_tokens once the corpus is known
+    mean_pair_tokens: float | None = None  # what the batch rule read (None: streamed, or not yet read)
+    batch_chosen: bool = False  # for_corpus has applied the batch rule
 
     def run_length(self, args, steps_per_epoch: int | None) -> RunLength:
         return run_length(args, steps_per_epoch, self.step_budget, self.batch_tokens)
@@ -257,6 +309,29 @@ class Recipe:
     def new_model_config(self, model_args, vocab_size: int) -> ScratchTransformerConfig:
         """A new model's config: the preset's, the recipe's new-model settings, then every size and dropout flag."""
         return model_args.build_config(vocab_size, **self.new_model_settings)
+
+    def for_corpus(self, mean_pair_tokens: float | None, longest_allowed: int) -> "Recipe":
+        """The recipe once the training pairs are tokenised: without --max_tokens, the batch rule's batch for pairs
+        of `mean_pair_tokens` tokens on their longer side on average (None: streamed), at least `longest_allowed`
+        (the longest pair --max_source_length / --max_target_length let through)."""
+        if not self.batch_by_rule:
+            return self
+        return replace(self, batch_tokens=max(batch_tokens_for(mean_pair_tokens), longest_allowed),
+                       mean_pair_tokens=mean_pair_tokens, batch_chosen=True)
+
+    def batch_line(self) -> str:
+        """The batch in words: --max_tokens, or the rule before the corpus is known, then what it chose and why."""
+        if not self.batch_by_rule:
+            given = (f"{self.batch_tokens:,} tokens (--max_tokens)" if self.batch_tokens
+                     else "a fixed number of sentences (--max_tokens 0)")
+            return f"{given}; the run-length rule's steps train the tokens of its budget's steps of 1,024 tokens"
+        if not self.batch_chosen:
+            return f"{batch_rule()}, chosen once the corpus is known (--max_tokens to choose)"
+        pairs = (f"the training pairs average {self.mean_pair_tokens:.1f} tokens on their longer side"
+                 if self.mean_pair_tokens is not None else "a streamed corpus (its lengths are unknown)")
+        why = BATCH_WHY.get(batch_tokens_for(self.mean_pair_tokens), "")
+        return (f"{self.batch_tokens:,} tokens a batch, since {pairs} ({batch_rule()}; {why}: docs/training.md); "
+                f"--max_tokens to choose")
 
     def for_run(self, length: RunLength, resumed_dropout: float | None = None) -> "Recipe":
         """The recipe once the corpus is known: a new model without --dropout gets DROPOUT_BY_EPOCHS's dropout for
@@ -269,10 +344,12 @@ class Recipe:
     def lines(self) -> list[str]:
         """The recipe in words, one line per rule."""
         return [f"precision: {self.precision_note}",
-                f"run length: without --max_steps or --num_train_epochs, at most {self.step_budget:,} steps and "
-                f"{DEFAULT_MAX_EPOCHS} epochs (with --max_train_minutes: the steps those minutes hold at this "
-                f"machine's speed, the learning-rate schedule fitted to them), with early stopping after "
-                f"{DEFAULT_PATIENCE} validations without a better model",
+                f"run length: without --max_steps or --num_train_epochs, at most the tokens of {self.step_budget:,} "
+                f"steps of {STEP_BUDGET_BATCH_TOKENS:,} tokens and {DEFAULT_MAX_EPOCHS} epochs (with "
+                f"--max_train_minutes: the steps those minutes hold at this machine's speed, the learning-rate "
+                f"schedule fitted to them), with early stopping after {DEFAULT_PATIENCE} validations without a better "
+                f"model",
+                f"batch: {self.batch_line()}",
                 f"new model: {self._new_model_line()}",
                 f"training-time noise: {self.augmentation.describe()}",
                 f"protected spans: {self._protected_spans_line()}"]
@@ -284,7 +361,8 @@ class Recipe:
 
     def as_dict(self) -> dict:
         """train_results.json's "recipe" entry."""
-        return {"precision": self.precision, "step_budget": self.step_budget,
+        return {"precision": self.precision, "step_budget": self.step_budget, "batch_tokens": self.batch_tokens,
+                "mean_pair_tokens": self.mean_pair_tokens,
                 "new_model_settings": dict(self.new_model_settings), "augmentation": self.augmentation.settings(),
                 "mask_protected_spans": self.mask_protected_spans, "planned_epochs": self.planned_epochs,
                 "description": self.lines()}
@@ -357,8 +435,10 @@ def resolve_recipe(model_args, data_args, args, device: torch.device,
     budget = step_budget(precision, device)
     settings = {} if loaded else {name: value for name, value in NEW_MODEL_SETTINGS.items()
                                   if getattr(model_args, name) is None}
+    by_rule = data_args.max_tokens is None
     return Recipe(precision, note, budget, settings, Augmentation.from_flags(args), loaded,
-                  data_args.mask_protected_spans, batch_tokens=data_args.max_tokens or None)
+                  data_args.mask_protected_spans, batch_by_rule=by_rule,
+                  batch_tokens=DEFAULT_BATCH_TOKENS if by_rule else data_args.max_tokens or None)
 
 
 def _precision(args, device: torch.device, new_model_width: int | None,

@@ -43,7 +43,8 @@ from ..configuration_scratch_transformer import ScratchTransformerConfig
 from ..data.loading import CorpusError, DataArguments, load_parallel_corpus
 from ..data.batching import TrainingBatches
 from ..memory_allocator import describe_allocator
-from ..data.preprocessing import TrainingData, evaluation_pairs, make_collator, preprocess_corpus, sentence_tokens
+from ..data.preprocessing import (TrainingData, evaluation_pairs, make_collator, mean_pair_tokens, preprocess_corpus,
+                                  sentence_tokens)
 from .distributed import (
     check_launch,
     is_lost_process_error,
@@ -129,10 +130,15 @@ def _run_training(model_args: ModelArguments, data_args: DataArguments, args: Ru
     data = _prepare_data(raw, tokenizer, data_args, args, accelerator)
     paraphrases = read_paraphrases(raw["train"], tokenizer, data_args, recipe.augmentation) if args.do_train else {}
     collator = make_collator(tokenizer)
+    if args.do_train:  # the corpus is known: the recipe's choices that depend on it, the batch first
+        recipe = recipe.for_corpus(mean_pair_tokens(data.datasets["train"]),
+                                   max(data_args.max_source_length, data_args.max_target_length))
     batches = _training_batches(data, collator, tokenizer, paraphrases, data_args, args, recipe, accelerator)
-    if batches is not None:  # the corpus is known: the recipe's choices that depend on it
+    if batches is not None:
         recipe = recipe.for_run(recipe.run_length(args, batches.steps_per_epoch(args.gradient_accumulation_steps)),
                                 saved_dropout(checkpoint))
+        if accelerator.is_main_process and recipe.batch_by_rule:
+            logger.info(f"the recipe for this corpus: {recipe.batch_line()}")
         if accelerator.is_main_process and "dropout" in recipe.new_model_settings:
             logger.info(f"the recipe for this corpus: {recipe.dropout_line()}")
     model = _model(model_args, data_args, args, recipe, tokenizer, pretrained, checkpoint, data)
@@ -310,7 +316,8 @@ def _training_batches(data: TrainingData, collator, tokenizer, paraphrases: dict
     collator = noise_collator(collator, tokenizer, recipe.augmentation, seed=args.seed,
                               max_source_length=data_args.max_source_length,
                               max_target_length=data_args.max_target_length, paraphrases=paraphrases)
-    return TrainingBatches(data.datasets["train"], collator, data_args, args.per_device_train_batch_size,
+    batching = replace(data_args, max_tokens=recipe.batch_tokens or 0)  # --max_tokens or the recipe's batch rule
+    return TrainingBatches(data.datasets["train"], collator, batching, args.per_device_train_batch_size,
                            args.seed, accelerator.num_processes, accelerator.process_index,
                            args.dataloader_num_workers)
 
