@@ -4,6 +4,7 @@ augmentation's defaults; printed at the start, recorded in train_results.json an
 
 import json
 import logging
+from dataclasses import fields
 
 import pytest
 import torch
@@ -389,3 +390,18 @@ def test_a_run_without_max_tokens_batches_long_pairs_by_2048_tokens_and_says_why
     assert by_rule > 1.5 * planned_epochs("given_1024", max_tokens=1024)[0]  # 1,024: twice the steps an epoch
     card = " ".join((tmp_path / "rule" / "README.md").read_text().split())
     assert "at most 2048 tokens per batch" in card and "batch: 2,048 tokens a batch, since" in card
+
+
+def test_readme_the_training_guide_and_the_flags_help_state_the_batch_rule():
+    """The batch rule's sizes and bound, as README's recipe, docs/training.md's batches paragraph and --max_tokens's
+    help state them: a changed rule fails here until all three say it."""
+    from hf_scratch_transformer.training.recipe import DEFAULT_BATCH_TOKENS, LONG_PAIRS_BATCH_TOKENS
+
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    guide = " ".join((REPO / "docs" / "training.md").read_text(encoding="utf-8").split())
+    small, large, bound = f"{DEFAULT_BATCH_TOKENS:,}", f"{LONG_PAIRS_BATCH_TOKENS:,}", LONG_PAIR_TOKENS
+    assert f"token batches of {small}, or {large} where the pairs average more than {bound} tokens" in readme
+    assert f"**{small}**, or **{large}** where the training pairs average more than {bound} tokens" in guide
+    [help_text] = [f.metadata["help"] for f in fields(DataArguments) if f.name == "max_tokens"]
+    assert f"{DEFAULT_BATCH_TOKENS}, or {LONG_PAIRS_BATCH_TOKENS} where the training pairs average more than {bound}" \
+        in help_text
