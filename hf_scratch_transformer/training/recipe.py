@@ -5,7 +5,7 @@ Where a flag leaves a choice open, the recipe makes it:
 - the **run length** (`run_length`, `RunLength`) when neither --max_steps nor --num_train_epochs is given: a step
   budget (counted in 1,024-token steps), or with --max_train_minutes the steps those minutes hold on this machine;
 - the **batch** when --max_tokens is not given: 1,024 or 2,048 tokens by the training pairs' mean length, once the
-  corpus is known (BATCH_TOKENS_BY_PAIR_LENGTH: `Recipe.for_corpus`);
+  corpus is known (`batch_tokens_for`, LONG_PAIR_TOKENS: `Recipe.for_corpus`);
 - the **precision** when neither --bf16 nor --fp16 is given: bf16 mixed precision where the CPU has bf16 matrix units,
   for a new model at least BF16_CPU_MIN_WIDTH wide, with BF16_CPU_STEP_BUDGET steps (BF16_TCMALLOC_CPU_STEP_BUDGET on
   tcmalloc, where steps are faster);
@@ -76,7 +76,7 @@ def budget_steps(budget: int, batch_tokens: int | None) -> int:
 # Without --max_tokens, a batch holds DEFAULT_BATCH_TOKENS tokens, or LONG_PAIRS_BATCH_TOKENS where the training pairs
 # average more than LONG_PAIR_TOKENS tokens on their longer side, with the run-length rule's steps fitted to the same
 # tokens (budget_steps). At equal tokens, 2,048-token batches were ahead where pairs are long: Russian game text (28.9
-# tokens a pair) +1.3 to +1.6 validation BLEU in three runs (CPU and GPU), the shipped corpus (34.2) +0.1 and +1.0 in
+# tokens a pair) +1.2 to +1.6 validation BLEU in three runs (CPU and GPU), the shipped corpus (34.2) +0.1 and +1.0 in
 # two seeds; about level on Greek game text (20.1 tokens: +0.3), and behind on software messages (13.9): -2.1 and
 # -1.4 in two seeds (docs/training.md, "The batch by the pairs' length"; benchmarks/results/recipe_sweep.md). A batch
 # of short pairs holds many of them already; one of long pairs holds few, so its gradient is noisier. The bound lies
@@ -466,6 +466,7 @@ def _precision(args, device: torch.device, new_model_width: int | None,
         return "fp32", (f"fp32: a model {new_model_width} wide trains slower in bf16 (casts outweigh its small "
                         f"products; bf16 from {BF16_CPU_MIN_WIDTH} wide); --bf16 for it anyway")
     note = (f"bf16 mixed precision: this CPU has {units}, where bf16 trains 1.15-1.2x faster at the same BLEU (so the "
-            f"run-length rule allows {BF16_CPU_STEP_BUDGET:,} steps, {BF16_TCMALLOC_CPU_STEP_BUDGET:,} on tcmalloc, "
-            f"where steps are faster still); --bf16 false trains in fp32")
+            f"run-length rule allows the tokens of {BF16_CPU_STEP_BUDGET:,} steps of {STEP_BUDGET_BATCH_TOKENS:,} "
+            f"tokens, of {BF16_TCMALLOC_CPU_STEP_BUDGET:,} on tcmalloc, where steps are faster still); --bf16 false "
+            f"trains in fp32")
     return "bf16", note
