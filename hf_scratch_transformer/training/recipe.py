@@ -249,8 +249,7 @@ class RunLength:
     def _budget_in_words(self) -> str:
         if self.minutes_steps == self.step_budget:
             return f"{self.step_budget:,} steps"
-        return (f"{self.minutes_steps:,} steps (the tokens of the budget's {self.step_budget:,} steps of "
-                f"{STEP_BUDGET_BATCH_TOKENS:,} tokens in this run's batches of {self.batch_tokens:,})")
+        return f"{self.minutes_steps:,} steps ({self._minutes_plan()})"
 
 
 def run_length(args, steps_per_epoch: int | None, budget: int = DEFAULT_STEP_BUDGET,
@@ -329,7 +328,7 @@ class Recipe:
             return f"{batch_rule()}, chosen once the corpus is known (--max_tokens to choose)"
         pairs = (f"the training pairs average {self.mean_pair_tokens:.1f} tokens on their longer side"
                  if self.mean_pair_tokens is not None else "a streamed corpus (its lengths are unknown)")
-        why = BATCH_WHY.get(batch_tokens_for(self.mean_pair_tokens), "")
+        why = BATCH_WHY[batch_tokens_for(self.mean_pair_tokens)]
         return (f"{self.batch_tokens:,} tokens a batch, since {pairs} ({batch_rule()}; {why}: docs/training.md); "
                 f"--max_tokens to choose")
 
