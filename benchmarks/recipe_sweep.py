@@ -9,11 +9,13 @@ with one variant's flags and nothing else, so the default row is exactly what a 
 Variants (VARIANTS): the default; --dropout 0 / 0.1 / 0.3 (whatever the recipe chose, pinned); the step budget x0.5
 and x2 in the same time (--max_tokens 2,048 / 512 for the budget's 1,024, so every variant sees about the same tokens;
 early stopping and the best model kept as under the run-length rule; `steps1` is the budget at 1,024 tokens, the
-default run spelled out where the default batch is 1,024); the BPE vocabulary x0.5 and x2. `--train_flags` adds flags
-to every variant (on a GPU, `--bf16 true`: the precision the CPU recipe chooses). A row of
-results/recipe_sweep.jsonl holds the corpus, the variant, its flags, the recipe train.py resolved (dropout and why),
-wall time, steps, epochs, why it stopped, the best validation BLEU and the test BLEU greedy / beam 4, with the
-machine, load and `--note`. The choice between variants is made on validation BLEU; the table also shows test.
+default run spelled out where the default batch is 1,024; any `stepsF` scales likewise, so `steps0.25` is 4,096-token
+batches, the x0.5 around a default of 2,048); the BPE vocabulary x0.5 and x2. `--train_flags` adds flags to every
+variant (on a GPU, `--bf16 true`: the precision the CPU recipe chooses). A row of results/recipe_sweep.jsonl holds the
+corpus, the variant, its flags, the recipe train.py resolved (dropout and why), the batch it trained on and the tokens
+it saw (a --max_steps pinned in --train_flags keeps the tokens equal only at the batch it was pinned for), wall time,
+steps, epochs, why it stopped, the best validation BLEU and the test BLEU greedy / beam 4, with the machine, load and
+`--note`. The choice between variants is made on validation BLEU; the table also shows test.
 """
 
 import argparse
@@ -39,7 +41,7 @@ RESULTS = REPO / "benchmarks" / "results" / "recipe_sweep.jsonl"
 CORPORA = DEFAULT_OUTPUT_DIR  # where build_corpora.py writes the corpora a name stands for
 
 # What the steps and bpe variants scale: the batch the step budget is counted in (train.py's batch rule gives it to
-# pairs of at most 24 tokens on average, 2,048 tokens to longer ones) and train.py's --tokenizer_vocab_size default
+# pairs of at most 21 tokens on average, 2,048 tokens to longer ones) and train.py's --tokenizer_vocab_size default
 DEFAULT_MAX_TOKENS = STEP_BUDGET_BATCH_TOKENS
 DEFAULT_VOCAB = next(f.default for f in fields(DataArguments) if f.name == "tokenizer_vocab_size")
 
@@ -105,6 +107,9 @@ def row(corpus: Path, variant: str, flags: list[str], output_dir: Path, args, wa
             # recorded afterwards: train.py's own total_runtime (start to the results, without the interpreter's start)
             "wall_minutes": round((wall if wall is not None else results["total_runtime"]) / 60, 1),
             **{key: results.get(key) for key in keys},
+            # the batch the run trained on (--max_tokens or the recipe's batch rule) and the tokens it saw: variants
+            # are compared at equal tokens, which a pinned --max_steps with a batch the rule chose can break
+            "batch_tokens": train.get("recipe", {}).get("batch_tokens"), "train_tokens": train.get("train_tokens"),
             "dropout": config.get("dropout"), "recipe": train.get("recipe", {}).get("description"),
             "load": load, "note": args.note, "machine": machine_info(threads=args.cpu_threads),
             "commit": args.commit or git_commit()}
@@ -120,15 +125,21 @@ def table() -> str:
              "(`training.recipe.dropout_for` of the planned epochs), i.e. which row is the default run.",
              f"Last machine: {machine.get('cpu', '?')}, {machine.get('logical_cpus', '?')} logical CPUs, AMX "
              f"{'yes' if machine.get('amx') else 'no'}; the load column says what else ran.", "",
-             "| corpus | variant | flags | dropout | the recipe's dropout | steps (epochs) | stopped by | wall | "
-             "validation BLEU | test greedy / beam 4 | load, note | commit |",
-             "|---|---|---|---:|---:|---:|---|---:|---:|---:|---|---|"]
+             "| corpus | variant | flags | dropout | the recipe's dropout | steps (epochs) | batch, tokens trained | "
+             "stopped by | wall | validation BLEU | test greedy / beam 4 | load, note | commit |",
+             "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|---|"]
+
+    def trained(row: dict) -> str:  # rows written before the batch was recorded show "?"
+        batch = f"{row['batch_tokens']:,}" if row.get("batch_tokens") else "?"
+        return f"{batch}, {row['train_tokens'] / 1e6:.1f}M" if row.get("train_tokens") else f"{batch}, ?"
+
     for row in rows:
         epochs = f"{row['epoch']:.3g}" if isinstance(row.get("epoch"), (int, float)) else "?"
         planned = row.get("planned_epochs")
         lines.append(
             f"| {row['corpus']} | {row['variant']} | `{row['flags']}` | {row['dropout']} | "
             f"{dropout_for(planned)[0] if planned else '?'} ({planned} epochs planned) | {row['train_steps']:,} ({epochs}) | "
+            f"{trained(row)} | "
             f"{row['stop_reason']} | {row['wall_minutes']} min | {row['best_metric']} | "
             f"{row['predict_bleu_greedy']} / {row['predict_bleu']} | {row['load']}; {row['note']} | "
             f"{row.get('commit', '?')} |")

@@ -236,5 +236,8 @@ def test_the_recipe_sweep_gives_train_py_the_variants_flags_and_train_flags(tmp_
     row = recipe_sweep.run(corpus, "steps1", args)
     assert row["flags"].startswith("--max_steps 4 --max_tokens 1024 ") and row["flags"].endswith(args.train_flags)
     assert row["train_steps"] == 4 and row["corpus"] == "tiny_en_es"
+    # the batch it trained on and its tokens, read from the run (a variant compares at equal tokens only if they match)
+    train = json.loads((tmp_path / "runs" / "tiny_en_es-steps1" / "train_results.json").read_text())
+    assert row["batch_tokens"] == 1024 and row["train_tokens"] == train["train_tokens"] > 0
     config = json.loads((tmp_path / "runs" / "tiny_en_es-steps1" / "config.json").read_text())
     assert config["d_model"] == 64  # the tiny preset of --train_flags, not train.py's default small
