@@ -99,7 +99,7 @@ class DataArguments:
         metadata={
             "help": "Token budget per batch (batch size x longest padded side); 0: fixed-size sentence batches of "
             "--per_device_train_batch_size. Default: the recipe's, 1024, or 2048 where the training pairs average "
-            "more than 24 tokens on their longer side."
+            "more than 21 tokens on their longer side."
         },
     )
 

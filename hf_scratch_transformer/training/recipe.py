@@ -75,19 +75,21 @@ def budget_steps(budget: int, batch_tokens: int | None) -> int:
 
 # Without --max_tokens, a batch holds DEFAULT_BATCH_TOKENS tokens, or LONG_PAIRS_BATCH_TOKENS where the training pairs
 # average more than LONG_PAIR_TOKENS tokens on their longer side, with the run-length rule's steps fitted to the same
-# tokens (budget_steps). At equal tokens, 2,048-token batches were ahead where pairs are long: Russian game text (28.9
-# tokens a pair) +1.2 to +1.6 validation BLEU in three runs (CPU and GPU), the shipped corpus (34.2) +0.1 and +1.0 in
-# two seeds; about level on Greek game text (20.1 tokens: +0.3), and behind on software messages (13.9): -2.1 and
-# -1.4 in two seeds (docs/training.md, "The batch by the pairs' length"; benchmarks/results/recipe_sweep.md). A batch
-# of short pairs holds many of them already; one of long pairs holds few, so its gradient is noisier. The bound lies
-# between what was measured (20.1 and 28.9), not at a measured edge; longer batches than 2,048 were not measured on a CPU.
+# tokens (budget_steps). Tokens a pair as a run counts them (the log's figure). At equal tokens, 2,048-token batches
+# were ahead where pairs are long: Russian game text (25.7 tokens a pair at BPE 8,000) +1.2 to +1.6 validation BLEU in
+# three runs (CPU and GPU), the same text at BPE 16,000 (23.0) +1.4 (one seed), the shipped corpus (34.0) +0.1 and +1.0
+# in two seeds; about level on Greek game text (+0.3 at BPE 4,000; 19.8 tokens at 8,000), and behind on software
+# messages (13.5): -2.1 and -1.4 in two seeds (docs/training.md, "The batch by the pairs' length";
+# benchmarks/results/recipe_sweep.md). A batch of short pairs holds many of them already; one of long pairs holds few,
+# so its gradient is noisier. The bound lies between what was measured (19.8 and 23.0), not at a measured edge;
+# 4,096-token batches were level with 2,048 on the Russian text (GPU, two seeds) and were not measured on a CPU.
 DEFAULT_BATCH_TOKENS = STEP_BUDGET_BATCH_TOKENS
 LONG_PAIRS_BATCH_TOKENS = 2048
-LONG_PAIR_TOKENS = 24
+LONG_PAIR_TOKENS = 21
 BATCH_WHY = {
-    DEFAULT_BATCH_TOKENS: "on software messages (13.9 tokens a pair) 2,048-token batches were 1.4 and 2.1 validation "
+    DEFAULT_BATCH_TOKENS: "on software messages (13.5 tokens a pair) 2,048-token batches were 1.4 and 2.1 validation "
                           "BLEU behind 1,024 at equal tokens",
-    LONG_PAIRS_BATCH_TOKENS: "on Russian game text (28.9 tokens a pair) and the shipped corpus (34.2) 2,048-token "
+    LONG_PAIRS_BATCH_TOKENS: "on Russian game text (25.7 tokens a pair) and the shipped corpus (34.0) 2,048-token "
                              "batches were up to 1.6 validation BLEU ahead of 1,024 at equal tokens",
 }
 
