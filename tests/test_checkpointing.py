@@ -206,3 +206,24 @@ def test_the_data_fingerprint_counts_both_files_of_plain_text_pairs(tmp_path):
     assert before["bytes"] == len("Jesus wept.\nGod is love.\n") + len("Jesús lloró.\nDios es amor.\n".encode())
     (tmp_path / "train.es").write_text("Jesús lloró.\nDios es amor!!\n", encoding="utf-8")
     assert data_fingerprint(split, data_args)["bytes"] == before["bytes"] + 1
+
+
+def test_resume_with_the_corpus_named_by_another_path_goes_on_and_another_file_is_refused(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """A run started with `--train_file train.jsonl` from the corpus's folder resumes with the absolute path or a
+    link to the same file; a copy of the file under another name is another setting and stays refused."""
+    corpus = write_jsonl(tmp_path / "train.jsonl", pair_records())
+    run_dir = tmp_path / "run"
+    monkeypatch.chdir(tmp_path)
+    run_quick(run_dir, max_steps=2, train_file="train.jsonl", save_steps=2, eval_steps=0)
+    (tmp_path / "link.jsonl").symlink_to(corpus)
+    argv = quick_flags(run_dir, max_steps=4, train_file=tmp_path / "link.jsonl", save_steps=2, eval_steps=0,
+                       resume_from_checkpoint="latest")
+    assert main(argv, MODEL_CARD_TEMPLATE) == 0
+    assert read_run_state(run_dir / "checkpoint-4").global_step == 4
+    shutil.copy(corpus, tmp_path / "copy.jsonl")
+    message = fails_with(quick_flags(run_dir, max_steps=6, train_file=tmp_path / "copy.jsonl", save_steps=2,
+                                     eval_steps=0, resume_from_checkpoint="latest"), capsys)
+    # recorded as the file it names, so that the message names both files in full
+    assert (f"was trained with other settings (--train_file {os.path.realpath(corpus)!r} -> "
+            f"{os.path.realpath(tmp_path / 'copy.jsonl')!r})") in message

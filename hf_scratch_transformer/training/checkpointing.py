@@ -6,6 +6,7 @@ checkpoints. Writing and finding checkpoints is the run directory's (run_directo
 import hashlib
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from itertools import islice
@@ -66,6 +67,9 @@ RESUME_SETTINGS = {"args": ("learning_rate", "warmup_steps", "lr_scheduler_type"
                    "data_args": ("dataset_name", "dataset_config_name", "train_file", "max_train_samples", "streaming",
                                  "source_lang", "target_lang", "max_source_length", "max_target_length",
                                  "max_length_ratio", "max_tokens", "mask_protected_spans")}
+# Settings that name a local file: one file given as `data/train.jsonl` or `/home/me/data/train.jsonl`, or through a
+# link, is the same setting (what the file holds is checked by the data fingerprint)
+PATH_SETTINGS = ("train_file",)
 STEP_BUDGET_SETTING = "step_budget"  # the run-length rule's steps, kept in the settings of a run that uses the rule
 ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
                        "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "normalize_before",
@@ -79,6 +83,7 @@ def resume_settings(args, data_args, recipe) -> dict:
     sources = {"args": vars(args), "augmentation": recipe.augmentation.settings(), "recipe": precision,
                "data_args": vars(data_args)}
     settings = {name: sources[group][name] for group, names in RESUME_SETTINGS.items() for name in names}
+    settings.update({name: _same_path(settings[name]) for name in PATH_SETTINGS})
     if args.max_steps <= 0 and args.num_train_epochs is None:  # the run-length rule: its budget sets the schedule
         settings[STEP_BUDGET_SETTING] = recipe.step_budget
     return settings
@@ -147,13 +152,22 @@ def saved_dropout(checkpoint: Path | None) -> float | None:
 def check_same_settings(checkpoint: Path, saved: dict, current: dict) -> None:
     """The learning-rate schedule comes back from the checkpoint and the position in the data only means the
     same thing over the same batches: changed values would silently not apply, so they are refused."""
+    def comparable(name: str, value):
+        return _same_path(value) if name in PATH_SETTINGS else value
+
     changed = [f"{_setting_name(name)} {saved[name]!r} -> {current[name]!r}" for name in current
-               if name in saved and saved[name] != current[name]]
+               if name in saved and comparable(name, saved[name]) != comparable(name, current[name])]
     if changed:
         raise UsageError(
             f"checkpoint {checkpoint} was trained with other settings ({'; '.join(changed)}): a resumed run keeps "
             f"its schedule and batch order, so resume with the values it was started with, or start a new "
             f"--output_dir to train with the new ones")
+
+
+def _same_path(value: str | None) -> str | None:
+    """A path setting as the file it names (absolute, links resolved; a relative path from the working directory,
+    as train.py reads it); a plain-text PREFIX resolves as a path too."""
+    return os.path.realpath(value) if value else value
 
 
 def _setting_name(name: str) -> str:
@@ -211,8 +225,8 @@ def check_same_data(checkpoint: Path, fingerprint: dict, allowed: bool) -> None:
     """A resumed run continues the checkpoint's tokenizer and position in the data: on other training data that
     would go unnoticed, so it is refused unless `allowed` (--ignore_data_changes)."""
     saved = read_run_state(checkpoint).data_fingerprint
-    if saved == fingerprint:
-        return
+    if {**saved, "source": _same_path(saved.get("source"))} == {**fingerprint, "source": _same_path(fingerprint["source"])}:
+        return  # the same data, its file named as before or by another path (relative, absolute, through a link)
     changes = [f"{key} {saved.get(key)} -> {fingerprint.get(key)}" for key in ("bytes", "pairs")
                if saved.get(key) != fingerprint.get(key)]
     if saved.get("sample_sha256") != fingerprint.get("sample_sha256"):
