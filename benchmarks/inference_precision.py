@@ -2,7 +2,7 @@
 own translation path (translate_texts with the PyTorch backend), in three precisions: fp32; `bf16` (every generate()
 call under torch.autocast("cpu", bfloat16), as train.py's bf16 evaluation runs it: fp32 weights cast at each matrix
 product); `bf16_weights` (the model's weights stored in bf16, `model.to(torch.bfloat16)`, as
-`from_pretrained(..., dtype=torch.bfloat16)` and the CLI's `--dtype bfloat16` load it: no casts; the decoding loops
+`from_pretrained(..., dtype=torch.bfloat16)` loads it: no casts; the decoding loops
 take the logits in fp32).
 
     python benchmarks/inference_precision.py --model outputs/scratch-small-en-es

@@ -122,3 +122,44 @@ def test_compiled_training_step_alternates_eager_and_compiled_on_the_same_batche
         assert len(row["speedups"]) == passes and min(row["ms_per_step"].values()) > 0
     markdown = (tmp_path / "c.md").read_text()
     assert "one core busy" in markdown and "--preset tiny" in markdown
+
+
+@pytest.mark.slow  # inductor compiles the step twice per batch size: about a minute on 2 cores
+def test_compiled_decoding_alternates_four_decoders_on_the_same_batch_and_checks_their_tokens(finished_run, tmp_path):
+    """A trained run's directory through the benchmark: every variant chooses the eager step's tokens, each is timed
+    in alternated calls idle and with a core spun, and the table names the machine and every variant."""
+    from compiled_decoding import VARIANTS, main
+
+    threads = torch.get_num_threads()
+    results = main(["--model", str(finished_run), "--batch_sizes", "1", "3", "--new_tokens", "4", "--repeats", "2",
+                    "--busy_repeats", "1", "--cpu_threads", "1", "--output", str(tmp_path / "d.json")])
+    torch.set_num_threads(threads)
+    assert list(results["batches"]) == ["1", "3"]
+    for row in results["batches"].values():
+        assert all(row["same_tokens_as_eager"].values()) and len(row["same_tokens_as_eager"]) == 3
+        assert min(row["first_call_seconds"].values()) > 0
+        for load, calls in (("idle", 2), ("busy", 1)):
+            assert [len(row[load]["seconds"][variant]) for variant in VARIANTS] == [calls] * 4
+            assert min(row[load]["tokens_per_second"].values()) > 0
+    markdown = (tmp_path / "d.md").read_text()
+    assert results["machine"]["cpu"] in markdown and "| 3 (" in markdown and "one core busy" in markdown
+    assert all(variant in markdown for variant in VARIANTS)
+
+
+def test_greedy_profile_sets_each_operator_of_both_models_side_by_side_per_new_token(tmp_path):
+    """Both models decode the same batches under the profiler; their matrix products show in both columns, and
+    the per-token figures divide by the tokens decoded."""
+    from greedy_profile import main
+
+    threads = torch.get_num_threads()
+    results = main(["--preset", "tiny", "--batch_sizes", "1", "2", "--new_tokens", "3", "--rounds", "2",
+                    "--threads", "1", "--output", str(tmp_path / "g.json")])
+    torch.set_num_threads(threads)
+    assert list(results["batches"]) == ["1", "2"]
+    for row in results["batches"].values():
+        assert min(row["wall_us_per_token"].values()) > 0
+        for name in ("ours", "marian"):
+            operators = row["self_cpu_us_per_token"][name]
+            assert operators.get("aten::addmm", 0) + operators.get("aten::mm", 0) > 0, name
+    markdown = (tmp_path / "g.md").read_text()
+    assert "## Batch 2 (" in markdown and "| `aten::" in markdown and results["machine"]["cpu"] in markdown
