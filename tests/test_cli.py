@@ -2,6 +2,7 @@
 lists and alignments, the line contract, flags checked before loading, closed and full streams, unwritable paths."""
 
 import contextlib
+import copy
 import io
 import json
 import os
@@ -83,7 +84,8 @@ def test_attention_matrix_given_to_the_plot(trained_model, tmp_path, monkeypatch
 
     monkeypatch.setattr(plotting, "plot_attention", spy)
     text = SOURCES[0]
-    assert cli.main(["--model", str(model_dir), "", text, SOURCES[3], "--attention", str(tmp_path / "a.png")]) == 0
+    assert cli.main(["--model", str(model_dir), "", text, SOURCES[3], "--attention", str(tmp_path / "a.png"),
+                     "--dtype", "float32"]) == 0  # the rows sum to 1 within fp32's rounding
     stdout = capsys.readouterr().out.split("\n")
     assert stdout[0] == "" and stdout[1] == REFERENCES[text]
 
@@ -202,7 +204,8 @@ def _blocks(output: str) -> list[list[str]]:
 def test_nbest_blocks_are_the_api_hypotheses_in_input_order(trained_model, capsys):
     model, tokenizer, model_dir = trained_model
     texts = [SOURCES[3], "", SOURCES[1]]
-    assert cli.main(["--model", str(model_dir), "--nbest", "3", "--num_beams", "4", *texts]) == 0
+    # the fixture's model is fp32: so is the command line's here (--dtype auto may choose bf16 on this CPU)
+    assert cli.main(["--model", str(model_dir), "--nbest", "3", "--num_beams", "4", "--dtype", "float32", *texts]) == 0
     rows = _blocks(capsys.readouterr().out)
     found = translate(model, tokenizer, texts, num_beams=4, num_return_sequences=3)
     assert rows == [["H-1", f"{h.score:.4f}", h.text] for h in found[0]] + [["H-2", "", ""]] + \
@@ -252,6 +255,14 @@ def test_numeric_flags_are_refused_by_name_before_the_model_is_loaded(flag, valu
 def test_nbest_above_the_beam_size_is_refused_after_loading(trained_model_dir, capsys):
     assert cli.main(["--model", str(trained_model_dir), "--nbest", "3", "--num_beams", "2", "x"]) == 2
     assert capsys.readouterr().err == "hf-scratch-translate: error: --nbest must be at most the beam size (2), got 3\n"
+
+
+def test_a_dtype_with_the_ct2_backend_is_refused_before_loading(tmp_path, capsys):
+    """A CTranslate2 model's precision is its export's: a --dtype for it would be silently ignored."""
+    assert cli.main(["--backend", "ct2", "--model", str(tmp_path / "nowhere"), "--dtype", "bfloat16", "x"]) == 2
+    assert capsys.readouterr().err == (
+        "hf-scratch-translate: error: --dtype bfloat16 is the pytorch backend's: a CTranslate2 model keeps the "
+        "precision it was exported in (hf-scratch-export-ct2 --quantization)\n")
 
 
 # ------------------------------------------------------------------------------------ local paths, never the hub
@@ -366,7 +377,8 @@ def test_jsonl_has_one_object_per_input_with_confidence_nbest_alignment_and_repo
     glossary = _write(tmp_path / "terms.tsv", "Jesus\tCristo\nGod\tDios\n")
     texts = ["Jesus wept.", "", "Read <b>%d</b> at http://God.org now.", "God is love.\u2028Jesus wept."]
     assert cli.main(["--model", str(model_dir), "--output_format", "jsonl", "--nbest", "2", "--num_beams", "2",
-                     "--print_alignment", "--protect", "on", "--glossary", str(glossary), *texts]) == 0
+                     "--print_alignment", "--protect", "on", "--glossary", str(glossary), "--dtype", "float32",
+                     *texts]) == 0  # as the fixture's fp32 model
     captured = capsys.readouterr()
     assert len(captured.out.splitlines()) == len(texts)  # U+2028 escaped: a JSON line is a line for every reader
     records = [json.loads(line) for line in captured.out.splitlines()]
@@ -519,3 +531,17 @@ def test_an_empty_model_name_is_one_line(capsys):
     assert cli.main(["--model", "", "Jesus wept."]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "the model name is empty" in err and "save_pretrained" in err
+
+
+def test_dtype_bfloat16_translates_as_the_api_with_the_weights_in_bf16(trained_model, capsys):
+    """`--dtype bfloat16` loads the weights in bf16 and the output is the API's on a bf16 copy of the model (scores,
+    confidence and alignment computed from bf16 weights, the decoding loops' scores in fp32)."""
+    model, tokenizer, model_dir = trained_model
+    texts = [SOURCES[0], "", SOURCES[3]]
+    assert cli.main(["--model", str(model_dir), "--output_format", "jsonl", "--num_beams", "2", "--print_alignment",
+                     "--dtype", "bfloat16", *texts]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    found = translate(copy.deepcopy(model).to(torch.bfloat16), tokenizer, texts, num_beams=2, details=True)
+    assert [(record["translation"], record["confidence"]) for record in records] == \
+        [(translation.text, translation.confidence) for translation in found]
+    assert records[0]["translation"] and records[2]["translation"]

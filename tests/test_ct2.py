@@ -246,13 +246,14 @@ def test_export_command_then_translate_backend_matches_default_backend(model_dir
     (tmp_path / "in.txt").write_text(stdin, encoding="utf-8")
     runs = {
         "ct2_stdin": start_cli("--backend", "ct2", "--model", out, "--batch_size", 2, stdin=stdin),
-        "torch_stdin": start_cli("--model", model_dir, "--batch_size", 2, stdin=stdin),
+        # the pytorch backend in fp32, as the float32 export (--dtype auto may choose bf16 on this CPU)
+        "torch_stdin": start_cli("--model", model_dir, "--batch_size", 2, "--dtype", "float32", stdin=stdin),
         "ct2_file": start_cli("--backend", "ct2", "--model", out, "--input_file", tmp_path / "in.txt",
                               "--output_file", tmp_path / "ct2.txt", "--num_beams", 4, "--max_new_tokens", 6,
                               "--batch_size", 3, "--no_progress", "--ct2_intra_threads", 1),
         "torch_file": start_cli("--model", model_dir, "--input_file", tmp_path / "in.txt", "--output_file",
                                 tmp_path / "torch.txt", "--num_beams", 4, "--max_new_tokens", 6, "--batch_size", 3,
-                                "--no_progress"),
+                                "--no_progress", "--dtype", "float32"),
     }
     results = {name: run.result() for name, run in runs.items()}
     for name, result in results.items():
@@ -306,9 +307,10 @@ def test_every_path_gives_the_same_translations(model_dir, exported, tmp_path, n
     pipe = translation_pipeline(model, tokenizer, batch_size=2)
     assert [result["translation_text"] for result in pipe(texts, num_beams=num_beams)] == expected
     (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
-    for backend, directory, batch in (("pytorch", model_dir, "3"), ("ct2", exported["float32"], "5")):
+    for backend, directory, batch, dtype in (("pytorch", model_dir, "3", ["--dtype", "float32"]),
+                                             ("ct2", exported["float32"], "5", [])):
         assert cli.main(["--backend", backend, "--model", str(directory), "--input_file", str(tmp_path / "in.txt"),
-                         "--num_beams", str(num_beams), "--batch_size", batch, "--no_progress"]) == 0
+                         "--num_beams", str(num_beams), "--batch_size", batch, "--no_progress", *dtype]) == 0
         assert capsys.readouterr().out.split("\n") == expected + [""], backend
     backend = CT2Backend(exported["float32"], intra_threads=1)
     found = translate_texts(backend, tokenizer, texts, DecodingOptions(num_beams=num_beams, batch_size=1))

@@ -1,6 +1,7 @@
 """hf-scratch-demo: the translation, n-best and heatmap functions on a trained model; the page served on 127.0.0.1
 and called through gradio_client; the Space that --write_space writes, imported and built against a local model."""
 
+import copy
 import json
 import os
 import socket
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from huggingface_hub import ModelCard, SpaceCard
 
 from hf_scratch_transformer.translation import demo
@@ -274,7 +276,7 @@ def test_the_page_translates_over_http_on_127_0_0_1_and_connects_nowhere_else(tr
     port, audit_log = _free_port(), tmp_path / "connections.jsonl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     process = subprocess.Popen([sys.executable, "-c", AUDITED_DEMO, str(audit_log), "--model", str(trained_model_dir),
-                                "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                "--port", str(port), "--dtype", "float32"], env=env,  # as the fixture's model stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
     try:
         _wait_for_page(f"http://127.0.0.1:{port}/", process)
@@ -364,3 +366,16 @@ def test_a_host_that_does_not_resolve_is_refused_without_a_port_before_anything_
         demo.check_port("a-name-that-does-not-resolve.invalid", None)
     with pytest.raises(EnvironmentFault, match="cannot listen on 192.0.2.1 "):  # TEST-NET-1: not this machine's
         demo.check_port("192.0.2.1", None)
+
+
+def test_the_demo_loads_the_weights_in_the_dtype_asked_and_translates_as_the_api_there(trained_model):
+    """`--dtype bfloat16` (load_demo_model's dtype): the weights in bf16, the same translation and scores as the
+    Python API gives with a bf16 copy of the model."""
+    model, tokenizer, directory = trained_model
+    loaded = demo.load_demo_model(str(directory), dtype="bfloat16")
+    assert {parameter.dtype for parameter in loaded.model.parameters()} == {torch.bfloat16}
+    shown = demo.translate_text(loaded.model, loaded.tokenizer, SENTENCE, num_beams=4, num_hypotheses=2)
+    expected = demo.translate_text(copy.deepcopy(model).to(torch.bfloat16), tokenizer, SENTENCE, num_beams=4,
+                                   num_hypotheses=2)
+    assert [(h.text, h.score) for h in shown.hypotheses] == [(h.text, h.score) for h in expected.hypotheses]
+    assert shown.hypotheses[0].text

@@ -17,7 +17,9 @@ from safetensors.torch import load_file, save_file
 
 from hf_scratch_transformer import translation_pipeline
 from hf_scratch_transformer.translation import cli
-from hf_scratch_transformer.translation.translate import ModelLoadError, load_model_and_tokenizer, translate
+from hf_scratch_transformer import cpu_threads
+from hf_scratch_transformer.translation.translate import (ModelLoadError, inference_dtype, load_model_and_tokenizer,
+                                                            translate)
 from hf_scratch_transformer.translation_core import TorchBackend, format_alignment, hard_alignment
 
 
@@ -259,3 +261,24 @@ def test_alignments_are_pairs_within_the_words_and_tokens_of_both_sides(trained_
     assert format_alignment([(0, 1), (2, 0)]) == "0-1 2-0"
     with pytest.raises(ValueError, match="not a decoder layer: the model has 2"):
         hard_alignment(model, tokenizer, source, best.token_ids, layer=2)
+
+
+@pytest.mark.parametrize("flags, device, chosen", [
+    ({"avx512_bf16"}, "cpu", torch.bfloat16),  # an AMD EPYC (Zen 4): decoding is bound by reading the weights
+    ({"avx512_bf16", "amx_bf16"}, "cpu", torch.float32),  # a Xeon with AMX: bf16 halved greedy speed at batch 1
+    ({"avx512f"}, "cpu", torch.float32),  # no bf16 units: bf16 would be emulated
+    ({"avx512_bf16"}, "cuda", torch.float32),
+])
+def test_dtype_auto_is_bf16_only_on_a_cpu_with_avx512_bf16_and_no_amx(trained_model_dir, monkeypatch, flags, device,
+                                                                      chosen):
+    """The CPU's flags faked as /proc/cpuinfo would give them; the weights loaded with dtype="auto" on the CPU follow
+    them, an explicit dtype wins, and the library's default stays the weights as saved (fp32)."""
+    monkeypatch.setattr(cpu_threads, "cpu_model_and_flags", lambda: ("a CPU", flags))
+    assert inference_dtype(torch.device(device)) == chosen
+    assert inference_dtype(torch.device(device), "float32") == torch.float32
+    assert inference_dtype(torch.device(device), "bfloat16") == torch.bfloat16
+    if device == "cpu":
+        model, _ = load_model_and_tokenizer(trained_model_dir, "cpu", dtype="auto")
+        assert {parameter.dtype for parameter in model.parameters()} == {chosen}
+        model, _ = load_model_and_tokenizer(trained_model_dir, "cpu")
+        assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}

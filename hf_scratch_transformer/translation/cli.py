@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "CTranslate2's own default, 4); batches go to it one at a time (inter_threads 1)")
     parser.add_argument("--device", metavar="DEVICE",
                         help="cpu, cuda, cuda:1, mps... (default: cuda if available, else mps, else cpu)")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                        help="pytorch backend: the weights' dtype while translating (default auto: bfloat16 on a CPU "
+                        "with AVX-512 BF16 and no AMX, where it translates faster at the same BLEU; float32 elsewhere)")
     parser.add_argument("--attention", metavar="PNG",
                         help="draw the cross-attention of the translation of the FIRST non-empty input sentence "
                         "into PNG: the mean over heads of the last layer, plus every layer/head "
@@ -274,6 +277,9 @@ def _decoding_options(args: argparse.Namespace):
         raise UsageError(f"--nbest must be a whole number >= 1, got {args.nbest}")
     if args.cpu_threads is not None and args.cpu_threads < 0:
         raise UsageError(f"--cpu_threads must be a whole number >= 0 (0: adapted to the load), got {args.cpu_threads}")
+    if args.backend == "ct2" and args.dtype != "auto":
+        raise UsageError(f"--dtype {args.dtype} is the pytorch backend's: a CTranslate2 model keeps the precision it "
+                         f"was exported in (hf-scratch-export-ct2 --quantization)")
     if args.ct2_intra_threads is not None and args.ct2_intra_threads < 0:
         raise UsageError(f"--ct2_intra_threads must be a whole number >= 0 (0: CTranslate2's default), got "
                          f"{args.ct2_intra_threads}")
@@ -360,7 +366,7 @@ def _load(args: argparse.Namespace, options):
         from ..translation_core import TorchBackend
 
         try:
-            model, tokenizer = load_model_and_tokenizer(args.model, pick_device(args.device))
+            model, tokenizer = load_model_and_tokenizer(args.model, pick_device(args.device), dtype=args.dtype)
         except ValueError as error:  # an invalid --device (a model that cannot be loaded is a ModelLoadError)
             raise UsageError(str(error)) from None
         backend = TorchBackend(model)

@@ -247,9 +247,10 @@ def example_sentences(name: str, source_lang: str | None, datasets: list[str]) -
     return [], "none: the model card names no source language the demo has sentences for"
 
 
-def load_demo_model(name: str, device: torch.device | str | None = None) -> DemoModel:
-    """The model and tokenizer (`ModelLoadError` with the CLI's one-line messages), its languages and examples."""
-    model, tokenizer = load_model_and_tokenizer(name, device)
+def load_demo_model(name: str, device: torch.device | str | None = None, dtype: str = "auto") -> DemoModel:
+    """The model and tokenizer (`ModelLoadError` with the CLI's one-line messages) in `dtype` (the CLI's --dtype),
+    its languages and examples."""
+    model, tokenizer = load_model_and_tokenizer(name, device, dtype=dtype)
     languages, datasets = model_card_facts(name)
     # the pair saved with the tokenizer (train.py writes it), else the model card's first two languages
     saved_pair = language_pair(tokenizer)
@@ -560,6 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, metavar="N",
                         help="port to listen on (default: the first free one from 7860)")
     parser.add_argument("--device", metavar="DEVICE", help="cpu, cuda, mps... (default: cuda if available, else cpu)")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                        help="the weights' dtype while translating, as hf-scratch-translate's --dtype (default auto)")
     parser.add_argument("--write_space", metavar="DIR",
                         help="instead of starting the page, write a Gradio Space (app.py, requirements.txt, README.md) "
                         "into DIR, loading --model from the hub")
@@ -604,7 +607,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(str(error)) from None
     import_gradio()
-    blocks = build_demo(load_demo_model(args.model, device))
+    blocks = build_demo(load_demo_model(args.model, device, args.dtype))
     try:
         blocks.launch(**launch_options(args.host, args.port))
     except OSError as error:
