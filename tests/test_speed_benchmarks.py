@@ -153,13 +153,14 @@ def test_greedy_profile_sets_each_operator_of_both_models_side_by_side_per_new_t
 
     threads = torch.get_num_threads()
     results = main(["--preset", "tiny", "--batch_sizes", "1", "2", "--new_tokens", "3", "--rounds", "2",
-                    "--threads", "1", "--output", str(tmp_path / "g.json")])
+                    "--threads", "1", "--ours_dtype", "bfloat16", "--output", str(tmp_path / "g.json")])
     torch.set_num_threads(threads)
     assert list(results["batches"]) == ["1", "2"]
     for row in results["batches"].values():
-        assert min(row["wall_us_per_token"].values()) > 0
+        assert min(row["wall_us_per_token"].values()) > 0 and min(row["unprofiled_us_per_token"].values()) > 0
         for name in ("ours", "marian"):
             operators = row["self_cpu_us_per_token"][name]
             assert operators.get("aten::addmm", 0) + operators.get("aten::mm", 0) > 0, name
     markdown = (tmp_path / "g.md").read_text()
     assert "## Batch 2 (" in markdown and "| `aten::" in markdown and results["machine"]["cpu"] in markdown
+    assert "our weights in bfloat16 and Marian's in float32" in markdown
