@@ -339,6 +339,9 @@ class Beams:
 
 # positions the self-attention buffers hold at first (LayerState.grow doubles them)
 INITIAL_POSITIONS = 64
+# sources in a batch from which bf16 weights on a CPU attend in fp32 (AMD EPYC, small preset, against bf16: greedy
+# 1.29-1.33x as fast at batch 32, 1.05-1.11x at 8, level within the noise at 1 and 2; beam 4 1.03-1.14x at 32)
+FP32_ATTENTION_MIN_SOURCES = 8
 
 
 class LayerState:
@@ -371,10 +374,15 @@ class LayerState:
         self.self_norm, self.cross_norm, self.final_norm = (
             (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
             for norm in (layer.self_attn_layer_norm, layer.cross_attn_layer_norm, layer.final_layer_norm))
-        self.cross_keys = self.split_heads(F.linear(encoder_output, cross_attention.k_proj.weight,
-                                                    cross_attention.k_proj.bias))
-        self.cross_values = self.split_heads(F.linear(encoder_output, cross_attention.v_proj.weight,
-                                                      cross_attention.v_proj.bias))
+        # A CPU's scaled_dot_product_attention over one query per row runs several times slower in bf16 than in fp32
+        # (torch 2.13): with bf16 weights and enough sources for that to outweigh two more casts a sublayer, the keys
+        # and values are kept in fp32, each cast once when written (benchmarks/results/decoding_attention_bf16.md).
+        self.attends_in_fp32 = (encoder_output.dtype == torch.bfloat16 and encoder_output.is_cpu
+                                and encoder_output.shape[0] >= FP32_ATTENTION_MIN_SOURCES)
+        self.cross_keys = self.attention_input(self.split_heads(
+            F.linear(encoder_output, cross_attention.k_proj.weight, cross_attention.k_proj.bias)))
+        self.cross_values = self.attention_input(self.split_heads(
+            F.linear(encoder_output, cross_attention.v_proj.weight, cross_attention.v_proj.bias)))
         rows = encoder_output.shape[0] * beams
         # room for the first steps, doubled when full (`self_attention`): a bound of 256 new tokens costs memory only
         # when a sentence comes near it
@@ -385,6 +393,14 @@ class LayerState:
     def split_heads(self, projected: torch.Tensor) -> torch.Tensor:
         """(B, L, D) -> (B, H, L, Dh)."""
         return projected.view(projected.shape[0], -1, self.heads, self.head_dim).transpose(1, 2)
+
+    def attention_input(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A query, key or value as attention takes it: in fp32 if `attends_in_fp32`, else as it is."""
+        return tensor.float() if self.attends_in_fp32 else tensor
+
+    def attention_output(self, output: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Attention's output (B·K, 1, D) back in the dtype of the layer's hidden states if attended in fp32."""
+        return output.to(hidden.dtype) if self.attends_in_fp32 else output
 
     def step(self, hidden: torch.Tensor, step: int, source_mask: torch.Tensor | None) -> torch.Tensor:
         """hidden (B, 1, D) at position `step` -> (B, 1, D), as the layer's forward with a cache computes it."""
@@ -406,9 +422,10 @@ class LayerState:
             self.grow()
         self.self_keys[:, :, step] = self.split_heads(key)[:, :, 0]
         self.self_values[:, :, step] = self.split_heads(value)[:, :, 0]
-        output = F.scaled_dot_product_attention(self.split_heads(query), self.self_keys[:, :, : step + 1],
-                                                self.self_values[:, :, : step + 1], scale=self.scaling)
-        return F.linear(output.transpose(1, 2).reshape(hidden.shape), *self.self_output)
+        output = F.scaled_dot_product_attention(self.attention_input(self.split_heads(query)),
+                                                self.self_keys[:, :, : step + 1], self.self_values[:, :, : step + 1],
+                                                scale=self.scaling)
+        return F.linear(self.attention_output(output.transpose(1, 2).reshape(hidden.shape), hidden), *self.self_output)
 
     def grow(self):
         """Twice the positions in the self-attention buffers, the filled ones copied."""
@@ -423,9 +440,10 @@ class LayerState:
         """hidden (B·K, 1, D) -> (B·K, 1, D): a source's K beams are K queries over its keys and values (B, H, S, Dh),
         which are therefore projected and stored once per source, not once per beam."""
         query = F.linear(hidden, *self.cross_query).view(-1, self.beams, self.heads, self.head_dim).transpose(1, 2)
-        output = F.scaled_dot_product_attention(query, self.cross_keys, self.cross_values, attn_mask=source_mask,
-                                                scale=self.scaling)  # (B, H, K, Dh)
-        return F.linear(output.transpose(1, 2).reshape(hidden.shape), *self.cross_output)
+        output = F.scaled_dot_product_attention(self.attention_input(query), self.cross_keys, self.cross_values,
+                                                attn_mask=source_mask, scale=self.scaling)  # (B, H, K, Dh)
+        return F.linear(self.attention_output(output.transpose(1, 2).reshape(hidden.shape), hidden),
+                        *self.cross_output)
 
     def keep_sources(self, sources: torch.Tensor):
         """Beam search: only these sources (indices into the present batch) go on; `reorder` then keeps their beams'

@@ -1,6 +1,7 @@
 """decoding.py: a call for plain greedy or beam search gives transformers' generate() tokens (and scores) from the
 package's own loops; every other call is transformers' generate() itself."""
 
+import copy
 import re
 
 import pytest
@@ -286,3 +287,35 @@ def test_the_self_attention_buffers_grow_as_sentences_do(trained, batch, monkeyp
     ours = trained.generate(**batch, **options)
     assert sorted(set(grown)) == [3, 6, 12, 24]
     assert torch.equal(ours, transformers_generate(trained, **batch, **options))
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_bf16_weights_on_a_cpu_attend_in_fp32_from_eight_sources(trained, batch, monkeypatch, num_beams):
+    """With bf16 weights the loops keep the attention's keys and values in fp32 once the sources reach
+    FP32_ATTENTION_MIN_SOURCES (a CPU's bf16 attention over one query per row is the slower), in bf16 below (the query
+    follows them: scaled_dot_product_attention refuses mixed dtypes); the tokens stay the fp32 model's on this trained
+    one, whose choices are clear. Under autocast over fp32 weights the loops leave the dtypes to autocast."""
+    states = []
+    build = decoding.LayerState.__init__
+    monkeypatch.setattr(decoding.LayerState, "__init__", lambda state, *args, **kwargs: build(state, *args, **kwargs)
+                        or states.append(state))
+    model_bf16 = copy.deepcopy(trained).to(torch.bfloat16)
+    options = {"num_beams": num_beams, "max_new_tokens": 20}
+    many = {key: value.repeat(2, 1) for key, value in batch.items()}  # 12 sources
+    one = {key: value[:1] for key, value in batch.items()}
+    for inputs, sources in ((many, 12), (one, 1)):
+        states.clear()
+        tokens = model_bf16.generate(**inputs, **options)
+        expected = torch.float32 if sources >= decoding.FP32_ATTENTION_MIN_SOURCES else torch.bfloat16
+        assert len(states) == trained.config.decoder_layers
+        for state in states:
+            assert state.attends_in_fp32 == (expected == torch.float32)
+            assert {state.self_keys.dtype, state.self_values.dtype, state.cross_keys.dtype,
+                    state.cross_values.dtype} == {expected}
+        states.clear()
+        assert torch.equal(tokens, trained.generate(**inputs, **options))
+        assert {state.self_keys.dtype for state in states} == {torch.float32}
+    states.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 weights: autocast's choice, no casts of the loops
+        trained.generate(**many, **options)
+    assert not any(state.attends_in_fp32 for state in states) and states[0].cross_keys.dtype == torch.bfloat16

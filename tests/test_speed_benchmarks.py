@@ -7,6 +7,8 @@ import json
 import pytest
 import torch
 
+from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration
+
 
 def test_matmul_peak_writes_both_dtypes_at_each_thread_count_and_names_the_cpu(tmp_path):
     from matmul_peak import main
@@ -164,3 +166,32 @@ def test_greedy_profile_sets_each_operator_of_both_models_side_by_side_per_new_t
     markdown = (tmp_path / "g.md").read_text()
     assert "## Batch 2 (" in markdown and "| `aten::" in markdown and results["machine"]["cpu"] in markdown
     assert "our weights in bfloat16 and Marian's in float32" in markdown
+
+
+def test_decoding_attention_bf16_times_both_attention_dtypes_and_marian_alternated(tmp_path):
+    """Each case times both forced attention dtypes and Marian the same number of times; the forced variants really
+    attend in the dtype they name (their buffers), and the table says which the package picks at each row count."""
+    from decoding_attention_bf16 import VARIANTS, attention_in, main
+
+    from hf_scratch_transformer import decoding
+
+    threads = torch.get_num_threads()
+    results = main(["--preset", "tiny", "--batch_sizes", "1", "8", "--beams", "1", "2", "--new_tokens", "3",
+                    "--rounds", "2", "--threads", "1", "--output", str(tmp_path / "a.json")])
+    torch.set_num_threads(threads)
+    assert [(case["batch_size"], case["beams"]) for case in results["cases"]] == [(1, 1), (1, 2), (8, 1), (8, 2)]
+    for case in results["cases"]:
+        assert [len(case["seconds"][variant]) for variant in VARIANTS] == [2, 2, 2]
+        assert min(case["us_per_new_token"].values()) > 0
+    model = ScratchTransformerForConditionalGeneration(ScratchTransformerConfig.from_preset("tiny", vocab_size=50))
+    model.to(torch.bfloat16)
+    layer, encoder_output = model.model.decoder.layers[0], torch.zeros(1, 5, model.config.d_model, dtype=torch.bfloat16)
+    for dtype in (torch.float32, torch.bfloat16):
+        with attention_in(dtype):
+            state = decoding.LayerState(layer, encoder_output, steps=3)
+        assert {state.self_keys.dtype, state.self_values.dtype, state.cross_keys.dtype,
+                state.cross_values.dtype} == {dtype}
+        assert type(decoding.LayerState(layer, encoder_output, steps=3)).__name__ == "LayerState"
+    markdown = (tmp_path / "a.md").read_text()
+    assert results["machine"]["cpu"] in markdown
+    assert "| 1 | 1 |" in markdown and "| bf16 |" in markdown and "| 8 | 1 |" in markdown and "| fp32 |" in markdown
