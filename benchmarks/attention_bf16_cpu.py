@@ -8,9 +8,8 @@ median of the repetitions; the machine, its bf16 units and the load average are 
     python benchmarks/attention_bf16_cpu.py --threads 2
 
 The finding (torch 2.13, an Intel Xeon with AMX): the flash-attention kernel's backward runs 5-6x slower in bf16
-than in fp32, so bf16 training spent a third of its step there. The model then attended in fp32 when it trained in
-bf16 on a CPU; it now computes the formula with bf16 products instead, faster still
-(modeling_scratch_transformer.bf16_cpu_training_attention; benchmarks/training_attention_bf16.py).
+than in fp32, so bf16 training spent a third of its step there; the model attends in fp32 when it trains in bf16
+on a CPU (modeling_scratch_transformer.MultiHeadAttention).
 """
 
 import argparse

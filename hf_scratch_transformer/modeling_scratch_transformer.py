@@ -17,6 +17,7 @@ Dh = D / H head width, F feed-forward width, V vocabulary. Tensors are (B, L, D)
 
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Unpack
 
 import torch
@@ -111,39 +112,9 @@ def eager_attention_forward(
     scores = torch.matmul(query, key.transpose(-2, -1)) * scaling  # (B, H, T, K)
     if attention_mask is not None:
         scores = scores + attention_mask[..., : key.shape[-2]]
-    weights = scores.softmax(dim=-1, dtype=torch.float32).to(value.dtype)  # fp32 sums for bf16/fp16 scores
+    weights = scores.softmax(dim=-1)
     output = torch.matmul(F.dropout(weights, p=dropout, training=module.training), value)  # (B, H, T, Dh)
     return output.transpose(1, 2).contiguous(), weights
-
-
-def bf16_cpu_training_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    is_causal: bool | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The "sdpa" attention of a training step in bf16 on a CPU: `eager_attention_forward` on sdpa's masks.
-
-    torch's CPU kernel of scaled_dot_product_attention runs its backward 3-6x slower in bf16 than in fp32 (torch 2.13;
-    benchmarks/results/attention_bf16_cpu.md), and in fp32 (the inputs cast) it still took ~2.7x the time of the
-    formula with bf16 products under autocast at train.py's batch shapes on an AMD EPYC
-    (benchmarks/results/training_attention_bf16.md). attention_mask comes as "sdpa" masks do
-    (`transformers.masking_utils.sdpa_mask`): bool (B, 1, T, K), True where a query may attend, or None: causal when
-    the module is (as sdpa's `is_causal`) and T > 1, else every key.
-    """
-    causal = module.is_causal if is_causal is None else is_causal
-    if attention_mask is None and causal and query.shape[2] > 1:
-        queries, keys = query.shape[2], key.shape[2]
-        attention_mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
-    if attention_mask is not None:  # True/False -> 0 / the lowest fp32, added to the scores
-        attention_mask = torch.zeros(attention_mask.shape, device=query.device).masked_fill_(
-            ~attention_mask, torch.finfo(torch.float32).min)
-    return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout)
 
 
 class MultiHeadAttention(nn.Module):
@@ -209,14 +180,19 @@ class MultiHeadAttention(nn.Module):
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        if (self.config._attn_implementation == "sdpa" and query.dtype == torch.bfloat16 and query.is_cpu
-                and torch.is_grad_enabled()):
-            attention = bf16_cpu_training_attention
-        output, weights = attention(
-            self, query, key, value, attention_mask,
-            dropout=self.dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
-        )  # (B, T, H, Dh)
-        return self.out_proj(output.reshape(batch_size, length, -1)), weights
+        dtype = query.dtype
+        in_fp32 = dtype == torch.bfloat16 and query.is_cpu and torch.is_grad_enabled()
+        if in_fp32:
+            # torch's CPU kernel of scaled_dot_product_attention runs its backward 5-6x slower in bf16 than in fp32
+            # (torch 2.13; benchmarks/results/attention_bf16_cpu.md): when training in bf16 on a CPU, attend in fp32
+            # (autocast, which would cast the inputs back to bf16, is paused for the call).
+            query, key, value = query.float(), key.float(), value.float()
+        with torch.autocast("cpu", enabled=False) if in_fp32 else nullcontext():
+            output, weights = attention(
+                self, query, key, value, attention_mask,
+                dropout=self.dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
+            )  # (B, T, H, Dh)
+        return self.out_proj(output.to(dtype).reshape(batch_size, length, -1)), weights
 
 
 class PositionwiseFeedForward(nn.Module):
