@@ -152,7 +152,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def inference_dtype(device: torch.device | str | None, requested: str = "auto") -> torch.dtype:
     """The dtype of the weights a model translates with: `requested` ("float32" or "bfloat16"), or with "auto" bf16
     on a CPU with AVX-512 BF16 and no AMX and fp32 elsewhere. On such a CPU (an AMD EPYC) a decoding step is bound by
-    reading its weights, and bf16 weights decoded 1.27-1.46x faster at the same test BLEU (greedy and beam 4, batch 1
+    reading its weights, and bf16 weights decoded 1.32-1.56x faster at the same test BLEU (greedy and beam 4, batch 1
     and 32); on a Xeon with AMX they halved greedy speed at batch 1 (benchmarks/results/inference_precision*.md)."""
     if requested != "auto":
         return DTYPES[requested]
