@@ -511,7 +511,7 @@ def precision_section(results, precision: str) -> list[str]:
              f"train.py's bf16 runs (matmuls in bf16, the loss and the optimiser in fp32). This CPU's bf16 matrix units: "
              f"{results['settings'].get('bf16_units') or 'none (bf16 is emulated)'}; bf16 is train.py's default "
              f"training precision on a CPU that has them. `translate()` and the pipeline decode in the weights' dtype (fp32 "
-             f"as saved), the CLI and the demo in bf16 weights on a CPU with AVX-512 BF16 and no AMX: the generation "
+             f"as saved), the CLI and the demo with int8 products on a CPU with AVX-512 BF16 and no AMX: the generation "
              f"rows (autocast) say what bf16 decoding would give. Measured {precision} matmul peak (torch.mm): "
              f"**{start['peak_gflops']:.0f} GFLOP/s** ("
              + ", ".join(f"{k}: {v:.0f}" for k, v in start["gflops_by_size"].items())

@@ -52,17 +52,17 @@ class StaticLayerState(LayerState):
     def static_step(self, hidden: torch.Tensor, position: torch.Tensor, filled: torch.Tensor,
                     source_mask: torch.Tensor | None) -> torch.Tensor:
         def self_attention(x: torch.Tensor) -> torch.Tensor:
-            query, key, value = F.linear(x, *self.self_query_key_value).chunk(3, dim=-1)
+            query, key, value = self.self_query_key_value(x).chunk(3, dim=-1)
             self.self_keys.index_copy_(2, position, self.split_heads(key))
             self.self_values.index_copy_(2, position, self.split_heads(value))
             output = F.scaled_dot_product_attention(self.split_heads(query), self.self_keys, self.self_values,
                                                     attn_mask=filled, scale=self.scaling)
-            return F.linear(output.transpose(1, 2).reshape(x.shape), *self.self_output)
+            return self.self_output(output.transpose(1, 2).reshape(x.shape))
 
         hidden = self.add_and_norm(hidden, self.self_norm, self_attention)
         hidden = self.add_and_norm(hidden, self.cross_norm, lambda x: self.cross_attention(x, source_mask))
         return self.add_and_norm(hidden, self.final_norm,
-                                 lambda x: F.linear(self.activation(F.linear(x, *self.fc1)), *self.fc2))
+                                 lambda x: self.fc2(self.activation(self.fc1(x))))
 
 
 class Decoders:

@@ -44,8 +44,8 @@ class ForcedAttentionLayerState(decoding.LayerState):
 
     ATTENTION_DTYPE = torch.float32
 
-    def __init__(self, layer, encoder_output: torch.Tensor, steps: int, beams: int = 1):
-        super().__init__(layer, encoder_output, steps, beams)
+    def __init__(self, layer, encoder_output: torch.Tensor, steps: int, beams: int = 1, **kwargs):
+        super().__init__(layer, encoder_output, steps, beams, **kwargs)
         self.attends_in_fp32 = self.ATTENTION_DTYPE == torch.float32
         self.cross_keys, self.cross_values, self.self_keys, self.self_values = (
             tensor.to(self.ATTENTION_DTYPE) for tensor in (self.cross_keys, self.cross_values, self.self_keys,

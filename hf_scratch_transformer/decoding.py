@@ -6,7 +6,8 @@ forward, the logits processors and stopping criteria. These loops keep the arith
 runs once, each decoder layer's cross-attention keys and values are projected once (once per source, not per beam),
 the self-attention keys and values of each new token are written into buffers allocated for the whole output, and
 each step computes each layer's sublayers with `F.linear` / `F.layer_norm` on the layer's own parameters (pre- and
-post-norm alike) and `scaled_dot_product_attention`, as the model's default "sdpa" attention does.
+post-norm alike) and `scaled_dot_product_attention`, as the model's default "sdpa" attention does. A model given
+int8 copies of its decoder's weights (`quantize_for_decoding`) computes the steps' matrix products in int8.
 
 `ScratchTransformerForConditionalGeneration.generate()` comes here when `plain_decoding` finds a call that asks for
 nothing else (greedy or beam search, no sampling, no logits processors but the minimum length, no streamer, no extra
@@ -21,6 +22,8 @@ Shapes: B batch, K beams, S source length, N new tokens, D d_model, H heads, Dh 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -164,7 +167,10 @@ def greedy_search(
     encoder_output = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     # the encoder mask for every query (B, 1, 1, S), True where a source token may be attended; None without padding
     source_mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
-    layers = [LayerState(layer, encoder_output, steps) for layer in decoder.layers]
+    int8 = getattr(model, "int8_weights", None)
+    layers = [LayerState(layer, encoder_output, steps, products=int8 and int8.decoder_layers[index])
+              for index, layer in enumerate(decoder.layers)]
+    output_projection = int8.output_projection if int8 else model.lm_head
     end_tokens = torch.tensor(eos_token_ids, device=device, dtype=torch.long)
 
     sequences = torch.full((batch_size, 1 + steps), pad_token_id, dtype=torch.long, device=device)
@@ -177,7 +183,7 @@ def greedy_search(
         hidden = decoder.embed(decoder.embed_tokens(tokens)[:, None], offset=step)  # (B, 1, D)
         for state in layers:
             hidden = state.step(hidden, step, source_mask)
-        logits = model.lm_head(decoder.final_norm(hidden)[:, 0]).float()  # (B, V)
+        logits = output_projection(decoder.final_norm(hidden)[:, 0]).float()  # (B, V)
         if step < min_new_tokens and len(end_tokens):
             logits[:, end_tokens] = float("-inf")
         tokens = logits.max(dim=-1).indices  # argmax's first maximum, faster on CPU (bench_speed's kernels)
@@ -224,7 +230,10 @@ def beam_search(
     steps = int(bounds.max())
     encoder_output = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     source_mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
-    layers = [LayerState(layer, encoder_output, steps, num_beams) for layer in decoder.layers]
+    int8 = getattr(model, "int8_weights", None)
+    layers = [LayerState(layer, encoder_output, steps, num_beams, products=int8 and int8.decoder_layers[index])
+              for index, layer in enumerate(decoder.layers)]
+    output_projection = int8.output_projection if int8 else model.lm_head
     beams = Beams(batch_size, num_beams, steps, bounds, eos_token_ids, pad_token_id, decoder_start_token_id,
                   length_penalty, early_stopping)
     for step in range(steps):
@@ -232,7 +241,7 @@ def beam_search(
         hidden = decoder.embed(decoder.embed_tokens(tokens)[:, None], offset=step)
         for state in layers:
             hidden = state.step(hidden, step, source_mask)
-        log_probs = model.lm_head(decoder.final_norm(hidden)[:, 0]).float().log_softmax(dim=-1)  # (B·K, V)
+        log_probs = output_projection(decoder.final_norm(hidden)[:, 0]).float().log_softmax(dim=-1)  # (B·K, V)
         if step < min_new_tokens and len(eos_token_ids):
             log_probs[:, beams.end_tokens] = float("-inf")
         parent_rows, done, all_ended = beams.advance(log_probs, length=step + 1)
@@ -337,6 +346,67 @@ class Beams:
                 scores[:, :returned].reshape(-1))
 
 
+def step_products(layer) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """The (weight, bias) of each matrix product of a decoder layer's step, by name: the new position's query, key
+    and value in one product (3D outputs, one call instead of three), its self-attention output, the cross-attention's
+    query and output, the feed-forward's two."""
+    self_attention, cross_attention, feed_forward = layer.self_attn, layer.cross_attn, layer.feed_forward
+    projections = (self_attention.q_proj, self_attention.k_proj, self_attention.v_proj)
+    products = {"self_query_key_value": (torch.cat([linear.weight for linear in projections]),
+                                         torch.cat([linear.bias for linear in projections]))}
+    for name, linear in (("self_output", self_attention.out_proj), ("cross_query", cross_attention.q_proj),
+                         ("cross_output", cross_attention.out_proj), ("fc1", feed_forward.fc1),
+                         ("fc2", feed_forward.fc2)):
+        products[name] = (linear.weight, linear.bias)
+    return products
+
+
+class Int8Linear:
+    """x·Wᵀ + b with W in int8 and x rounded to int8 at each call: (..., in) -> (..., out) in fp32.
+
+    W is stored with one scale per output row (its largest magnitude over 127), x gets one scale per row at each
+    call, and `torch._int_mm` sums the int8 products in int32, which the two scales turn back into fp32. On a CPU
+    with AVX-512 VNNI this is several times faster than an fp32 product at the rows of a decoding step (the weights
+    are a quarter of the bytes, and the units multiply four int8 pairs where they multiply one fp32 pair).
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        weight = weight.detach().float()
+        self.weight_scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127  # (out,)
+        # (in, out): the transposed view of the (out, in) rows, the layout `_int_mm` reads fastest at one row
+        self.weight = torch.round(weight / self.weight_scale[:, None]).to(torch.int8).t()
+        self.bias = torch.zeros_like(self.weight_scale) if bias is None else bias.detach().float()
+
+    def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
+        rows = inputs.reshape(-1, inputs.shape[-1])  # (R, in)
+        row_scale = rows.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-12).div_(127)  # (R, 1)
+        products = torch._int_mm(rows.div(row_scale).round_().to(torch.int8), self.weight)  # (R, out) int32
+        return torch.addcmul(self.bias, products, row_scale * self.weight_scale).view(*inputs.shape[:-1], -1)
+
+
+@dataclass
+class Int8Weights:
+    """int8 copies of what a decoding step multiplies by: each decoder layer's six products (`step_products`) and the
+    output projection. The encoder and the cross-attention keys and values, computed once per source, stay in fp32:
+    in int8 they cost test BLEU on every corpus tried (0.07-0.22, benchmarks/README.md), the step's products did not."""
+
+    decoder_layers: list[dict[str, Int8Linear]]
+    output_projection: Int8Linear
+
+
+def quantize_for_decoding(model) -> None:
+    """Make the loops (greedy and beam search: `generate()`'s plain calls and the translation backend) compute a
+    decoding step's matrix products in int8 (`Int8Weights`), for inference on a CPU. The copies are made once, now: a
+    model whose weights then change (training, loading others) must be quantized again. The model's forward and
+    transformers' own `generate()` path still use its fp32 weights."""
+    if model.dtype != torch.float32 or model.device.type != "cpu":
+        raise ValueError(f"int8 decoding quantizes fp32 weights on a CPU, not {model.dtype} on {model.device}")
+    model.int8_weights = Int8Weights(
+        [{name: Int8Linear(*weights) for name, weights in step_products(layer).items()}
+         for layer in model.model.decoder.layers],
+        Int8Linear(model.lm_head.weight, model.lm_head.bias))
+
+
 # positions the self-attention buffers hold at first (LayerState.grow doubles them)
 INITIAL_POSITIONS = 64
 # sources in a batch from which bf16 weights on a CPU attend in fp32 (AMD EPYC, small preset, against bf16: greedy
@@ -351,26 +421,24 @@ class LayerState:
 
     The step computes what the layer's forward computes in eval mode (post- or pre-norm, its activation) with
     `F.linear` / `F.layer_norm` on the layer's own parameters: calling the modules costs more than their arithmetic
-    at one token per row (bench_speed: ~1.3x more tokens/s at batch 1 than calling them).
+    at one token per row (bench_speed: ~1.3x more tokens/s at batch 1 than calling them). `products` (one layer's
+    entry of `Int8Weights.decoder_layers`) replaces the step's six by functions of the same names.
     """
 
-    def __init__(self, layer, encoder_output: torch.Tensor, steps: int, beams: int = 1):
-        self_attention, cross_attention = layer.self_attn, layer.cross_attn
+    def __init__(self, layer, encoder_output: torch.Tensor, steps: int, beams: int = 1,
+                 products: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None):
+        self_attention = layer.self_attn
         self.pre_norm = layer.normalize_before
         self.heads, self.head_dim = self_attention.num_heads, self_attention.head_dim
         self.scaling = self_attention.scaling
         self.beams = beams
-        self.self_output, self.cross_query, self.cross_output = (
-            (linear.weight, linear.bias) for linear in (self_attention.out_proj, cross_attention.q_proj,
-                                                        cross_attention.out_proj))
-        # the new position's query, key and value in one product (B·K, 1, 3D): one call instead of three
-        projections = (self_attention.q_proj, self_attention.k_proj, self_attention.v_proj)
-        self.self_query_key_value = (torch.cat([linear.weight for linear in projections]),
-                                     torch.cat([linear.bias for linear in projections]))
-        feed_forward = layer.feed_forward
-        self.fc1 = (feed_forward.fc1.weight, feed_forward.fc1.bias)
-        self.fc2 = (feed_forward.fc2.weight, feed_forward.fc2.bias)
-        self.activation = feed_forward.activation
+        # each a function (B·K, 1, in) -> (B·K, 1, out): F.linear on the layer's weights or their int8 copy
+        products = products or {name: partial(F.linear, weight=weight, bias=bias)
+                                for name, (weight, bias) in step_products(layer).items()}
+        self.self_query_key_value, self.self_output = products["self_query_key_value"], products["self_output"]
+        self.cross_query, self.cross_output = products["cross_query"], products["cross_output"]
+        self.fc1, self.fc2 = products["fc1"], products["fc2"]
+        self.activation = layer.feed_forward.activation
         self.self_norm, self.cross_norm, self.final_norm = (
             (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
             for norm in (layer.self_attn_layer_norm, layer.cross_attn_layer_norm, layer.final_layer_norm))
@@ -379,6 +447,7 @@ class LayerState:
         # and values are kept in fp32, each cast once when written (benchmarks/results/decoding_attention_bf16.md).
         self.attends_in_fp32 = (encoder_output.dtype == torch.bfloat16 and encoder_output.is_cpu
                                 and encoder_output.shape[0] >= FP32_ATTENTION_MIN_SOURCES)
+        cross_attention = layer.cross_attn
         self.cross_keys = self.attention_input(self.split_heads(
             F.linear(encoder_output, cross_attention.k_proj.weight, cross_attention.k_proj.bias)))
         self.cross_values = self.attention_input(self.split_heads(
@@ -407,7 +476,7 @@ class LayerState:
         hidden = self.add_and_norm(hidden, self.self_norm, lambda x: self.self_attention(x, step))
         hidden = self.add_and_norm(hidden, self.cross_norm, lambda x: self.cross_attention(x, source_mask))
         return self.add_and_norm(hidden, self.final_norm,
-                                 lambda x: F.linear(self.activation(F.linear(x, *self.fc1)), *self.fc2))
+                                 lambda x: self.fc2(self.activation(self.fc1(x))))
 
     def add_and_norm(self, hidden: torch.Tensor, norm: tuple, sublayer) -> torch.Tensor:
         """LayerNorm(x + Sublayer(x)), or x + Sublayer(LayerNorm(x)) in pre-norm (the layer's AddAndNorm)."""
@@ -417,7 +486,7 @@ class LayerState:
 
     def self_attention(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
         """The new position's keys and values join the buffers; its query attends to positions 0 .. step."""
-        query, key, value = F.linear(hidden, *self.self_query_key_value).chunk(3, dim=-1)
+        query, key, value = self.self_query_key_value(hidden).chunk(3, dim=-1)
         if step == self.self_keys.shape[2]:
             self.grow()
         self.self_keys[:, :, step] = self.split_heads(key)[:, :, 0]
@@ -425,7 +494,7 @@ class LayerState:
         output = F.scaled_dot_product_attention(self.attention_input(self.split_heads(query)),
                                                 self.self_keys[:, :, : step + 1], self.self_values[:, :, : step + 1],
                                                 scale=self.scaling)
-        return F.linear(self.attention_output(output.transpose(1, 2).reshape(hidden.shape), hidden), *self.self_output)
+        return self.self_output(self.attention_output(output.transpose(1, 2).reshape(hidden.shape), hidden))
 
     def grow(self):
         """Twice the positions in the self-attention buffers, the filled ones copied."""
@@ -439,11 +508,10 @@ class LayerState:
     def cross_attention(self, hidden: torch.Tensor, source_mask: torch.Tensor | None) -> torch.Tensor:
         """hidden (B·K, 1, D) -> (B·K, 1, D): a source's K beams are K queries over its keys and values (B, H, S, Dh),
         which are therefore projected and stored once per source, not once per beam."""
-        query = F.linear(hidden, *self.cross_query).view(-1, self.beams, self.heads, self.head_dim).transpose(1, 2)
+        query = self.cross_query(hidden).view(-1, self.beams, self.heads, self.head_dim).transpose(1, 2)
         output = F.scaled_dot_product_attention(self.attention_input(query), self.cross_keys, self.cross_values,
                                                 attn_mask=source_mask, scale=self.scaling)  # (B, H, K, Dh)
-        return F.linear(self.attention_output(output.transpose(1, 2).reshape(hidden.shape), hidden),
-                        *self.cross_output)
+        return self.cross_output(self.attention_output(output.transpose(1, 2).reshape(hidden.shape), hidden))
 
     def keep_sources(self, sources: torch.Tensor):
         """Beam search: only these sources (indices into the present batch) go on; `reorder` then keeps their beams'

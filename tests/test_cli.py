@@ -16,6 +16,7 @@ from helpers import PAIRS_EN_ES, REPO, png_size, start_cli
 from tmpfs import small_tmpfs
 
 from hf_scratch_transformer import plotting
+from hf_scratch_transformer.decoding import quantize_for_decoding
 from hf_scratch_transformer.documents import split_input
 from hf_scratch_transformer.translation import cli
 from hf_scratch_transformer.translation.translate import translate
@@ -533,15 +534,26 @@ def test_an_empty_model_name_is_one_line(capsys):
     assert len(err.strip().splitlines()) == 1 and "the model name is empty" in err and "save_pretrained" in err
 
 
-def test_dtype_bfloat16_translates_as_the_api_with_the_weights_in_bf16(trained_model, capsys):
-    """`--dtype bfloat16` loads the weights in bf16 and the output is the API's on a bf16 copy of the model (scores,
-    confidence and alignment computed from bf16 weights, the decoding loops' scores in fp32)."""
+def copy_in_precision(model, dtype: str):
+    """A copy of `model` as `--dtype bfloat16` or `--dtype int8` loads it."""
+    copied = copy.deepcopy(model)
+    if dtype == "int8":
+        quantize_for_decoding(copied)
+        return copied
+    return copied.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_dtype_bfloat16_or_int8_translates_as_the_api_on_a_copy_in_that_precision(trained_model, capsys, dtype):
+    """`--dtype bfloat16` loads the weights in bf16 and `--dtype int8` gives the decoding loops int8 copies of fp32
+    weights; the output is the API's on such a copy of the model (scores, confidence and alignment computed from its
+    weights, the decoding loops' scores in fp32)."""
     model, tokenizer, model_dir = trained_model
     texts = [SOURCES[0], "", SOURCES[3]]
     assert cli.main(["--model", str(model_dir), "--output_format", "jsonl", "--num_beams", "2", "--print_alignment",
-                     "--dtype", "bfloat16", *texts]) == 0
+                     "--dtype", dtype, *texts]) == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    found = translate(copy.deepcopy(model).to(torch.bfloat16), tokenizer, texts, num_beams=2, details=True)
+    found = translate(copy_in_precision(model, dtype), tokenizer, texts, num_beams=2, details=True)
     assert [(record["translation"], record["confidence"]) for record in records] == \
         [(translation.text, translation.confidence) for translation in found]
     assert records[0]["translation"] and records[2]["translation"]

@@ -319,3 +319,51 @@ def test_bf16_weights_on_a_cpu_attend_in_fp32_from_eight_sources(trained, batch,
     with torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 weights: autocast's choice, no casts of the loops
         trained.generate(**many, **options)
     assert not any(state.attends_in_fp32 for state in states) and states[0].cross_keys.dtype == torch.bfloat16
+
+
+def test_an_int8_product_is_the_fp32_product_within_its_rounding():
+    """Int8Linear: each output is x·w + b with w and x rounded to 127 steps of their row's largest magnitude, so its
+    error is bounded by a small share of |x|·|w|; no bias is a zero bias; any leading shape is kept."""
+    generator = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(48, 40, generator=generator), torch.randn(48, generator=generator)
+    inputs = torch.randn(3, 5, 40, generator=generator)
+    exact = torch.nn.functional.linear(inputs, weight, bias)
+    for with_bias in (bias, None):
+        found = decoding.Int8Linear(weight, with_bias)(inputs)
+        assert found.shape == (3, 5, 48) and found.dtype == torch.float32
+        bound = inputs.abs().amax(-1, keepdim=True) * weight.abs().amax(-1) * 40 / 127  # both roundings, each ≤ ½ step
+        assert ((found - (exact if with_bias is not None else exact - bias)).abs() <= bound).all()
+    rounded = decoding.Int8Linear(weight, bias)(inputs)
+    assert (rounded - exact).abs().max() < 0.05 * exact.abs().max()  # the bound above is loose; this one is not
+    assert not torch.equal(rounded, exact)  # really rounded
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_a_model_quantized_for_decoding_multiplies_in_int8_and_keeps_its_translations(trained, batch, monkeypatch,
+                                                                                      num_beams):
+    """quantize_for_decoding: every matrix product of a decoding step (six a layer and the output projection) goes
+    through torch._int_mm, and on this trained model, whose choices are clear, the tokens are the fp32 model's; the
+    model's own weights and forward are untouched."""
+    quantized = copy.deepcopy(trained)
+    decoding.quantize_for_decoding(quantized)
+    calls = []
+    int_mm = torch._int_mm
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(tuple(b.shape)) or int_mm(a, b))
+    options = {"num_beams": num_beams, "max_new_tokens": 20}
+    tokens = quantized.generate(**batch, **options)
+    assert torch.equal(tokens, trained.generate(**batch, **options))
+    calls.clear()
+    quantized.generate(**batch, num_beams=num_beams, max_new_tokens=12, min_new_tokens=12)  # 12 steps for every row
+    assert len(calls) == 12 * (6 * trained.config.decoder_layers + 1)
+    assert (trained.config.d_model, trained.config.vocab_size) in calls  # the output projection
+    calls.clear()
+    with torch.no_grad():
+        assert torch.equal(quantized(**batch, decoder_input_ids=tokens).logits,
+                           trained(**batch, decoder_input_ids=tokens).logits)
+    assert not calls
+
+
+
+def test_quantize_for_decoding_refuses_weights_it_cannot_copy_to_int8(trained):
+    with pytest.raises(ValueError, match="int8 decoding quantizes fp32 weights on a CPU, not torch.bfloat16 on cpu"):
+        decoding.quantize_for_decoding(copy.deepcopy(trained).to(torch.bfloat16))

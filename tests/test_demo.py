@@ -18,6 +18,7 @@ import pytest
 import torch
 from huggingface_hub import ModelCard, SpaceCard
 
+from hf_scratch_transformer.decoding import quantize_for_decoding
 from hf_scratch_transformer.translation import demo
 from hf_scratch_transformer.data.loading import SHIPPED_CORPUS_FILES, SHIPPED_DATASET_ID
 from hf_scratch_transformer.errors import EnvironmentFault, UsageError
@@ -368,14 +369,19 @@ def test_a_host_that_does_not_resolve_is_refused_without_a_port_before_anything_
         demo.check_port("192.0.2.1", None)
 
 
-def test_the_demo_loads_the_weights_in_the_dtype_asked_and_translates_as_the_api_there(trained_model):
-    """`--dtype bfloat16` (load_demo_model's dtype): the weights in bf16, the same translation and scores as the
-    Python API gives with a bf16 copy of the model."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_the_demo_loads_the_weights_in_the_dtype_asked_and_translates_as_the_api_there(trained_model, dtype):
+    """`--dtype bfloat16` or `int8` (load_demo_model's dtype): the weights in bf16, or in fp32 with the decoding
+    loops' int8 copies; the same translation and scores as the Python API gives with such a copy of the model."""
     model, tokenizer, directory = trained_model
-    loaded = demo.load_demo_model(str(directory), dtype="bfloat16")
-    assert {parameter.dtype for parameter in loaded.model.parameters()} == {torch.bfloat16}
+    loaded = demo.load_demo_model(str(directory), dtype=dtype)
+    weights = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    assert {parameter.dtype for parameter in loaded.model.parameters()} == {weights}
+    assert hasattr(loaded.model, "int8_weights") == (dtype == "int8")
+    copied = copy.deepcopy(model)
+    if dtype == "int8":
+        quantize_for_decoding(copied)
     shown = demo.translate_text(loaded.model, loaded.tokenizer, SENTENCE, num_beams=4, num_hypotheses=2)
-    expected = demo.translate_text(copy.deepcopy(model).to(torch.bfloat16), tokenizer, SENTENCE, num_beams=4,
-                                   num_hypotheses=2)
+    expected = demo.translate_text(copied.to(weights), tokenizer, SENTENCE, num_beams=4, num_hypotheses=2)
     assert [(h.text, h.score) for h in shown.hypotheses] == [(h.text, h.score) for h in expected.hypotheses]
     assert shown.hypotheses[0].text

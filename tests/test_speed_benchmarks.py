@@ -195,3 +195,35 @@ def test_decoding_attention_bf16_times_both_attention_dtypes_and_marian_alternat
     markdown = (tmp_path / "a.md").read_text()
     assert results["machine"]["cpu"] in markdown
     assert "| 1 | 1 |" in markdown and "| bf16 |" in markdown and "| 8 | 1 |" in markdown and "| fp32 |" in markdown
+
+
+def test_decoding_precision_times_each_dtype_and_marian_alternated_with_int8_products_really_used(tmp_path,
+                                                                                                 monkeypatch):
+    """Each case times our three precisions and Marian the same number of times; the bf16 variant holds bf16 weights,
+    the int8 one multiplies through torch._int_mm (and only it), and the table names what --dtype auto picks."""
+    from decoding_precision import VARIANTS, main, our_variants
+
+    threads = torch.get_num_threads()
+    results = main(["--preset", "tiny", "--batch_sizes", "1", "3", "--beams", "1", "2", "--new_tokens", "3",
+                    "--rounds", "2", "--threads", "1", "--output", str(tmp_path / "d.json")])
+    torch.set_num_threads(threads)
+    assert [(case["batch_size"], case["beams"]) for case in results["cases"]] == [(1, 1), (1, 2), (3, 1), (3, 2)]
+    for case in results["cases"]:
+        assert [len(case["seconds"][variant]) for variant in VARIANTS] == [2, 2, 2, 2]
+        assert min(case["us_per_new_token"].values()) > 0 and set(case["over_marian"]) == set(VARIANTS[:3])
+    model = ScratchTransformerForConditionalGeneration(ScratchTransformerConfig.from_preset("tiny", vocab_size=50))
+    variants = our_variants(model.eval())
+    assert {p.dtype for p in variants["bfloat16"].parameters()} == {torch.bfloat16}
+    calls = []
+    int_mm = torch._int_mm
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(1) or int_mm(a, b))
+    batch = {"input_ids": torch.tensor([[5, 6, 7, 2]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
+    from common import run_generate
+
+    for name, variant in variants.items():
+        calls.clear()
+        run_generate(variant, batch, 1, 2)
+        assert bool(calls) == (name == "int8")
+    markdown = (tmp_path / "d.md").read_text()
+    assert results["machine"]["cpu"] in markdown and f"picks **{results['auto_precision']}**" in markdown
+    assert "| 3 | 2 |" in markdown and "int8 / Marian" in markdown

@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 from hf_scratch_transformer import translation_pipeline
 from hf_scratch_transformer.translation import cli
 from hf_scratch_transformer import cpu_threads
-from hf_scratch_transformer.translation.translate import (ModelLoadError, inference_dtype, load_model_and_tokenizer,
-                                                            translate)
+from hf_scratch_transformer.translation.translate import (ModelLoadError, inference_precision,
+                                                            load_model_and_tokenizer, translate)
 from hf_scratch_transformer.translation_core import TorchBackend, format_alignment, hard_alignment
 
 
@@ -264,21 +264,35 @@ def test_alignments_are_pairs_within_the_words_and_tokens_of_both_sides(trained_
 
 
 @pytest.mark.parametrize("flags, device, chosen", [
-    ({"avx512_bf16"}, "cpu", torch.bfloat16),  # an AMD EPYC (Zen 4): decoding is bound by reading the weights
-    ({"avx512_bf16", "amx_bf16"}, "cpu", torch.float32),  # a Xeon with AMX: bf16 halved greedy speed at batch 1
-    ({"avx512f"}, "cpu", torch.float32),  # no bf16 units: bf16 would be emulated
-    ({"avx512_bf16"}, "cuda", torch.float32),
+    ({"avx512_bf16", "avx512_vnni"}, "cpu", "int8"),  # an AMD EPYC (Zen 4): decoding is bound by reading the weights
+    ({"avx512_bf16", "amx_bf16"}, "cpu", "float32"),  # a Xeon with AMX: bf16 halved greedy speed at batch 1
+    ({"avx512f"}, "cpu", "float32"),  # no bf16 units
+    ({"avx512_bf16"}, "cuda", "float32"),
 ])
-def test_dtype_auto_is_bf16_only_on_a_cpu_with_avx512_bf16_and_no_amx(trained_model_dir, monkeypatch, flags, device,
+def test_dtype_auto_is_int8_only_on_a_cpu_with_avx512_bf16_and_no_amx(trained_model_dir, monkeypatch, flags, device,
                                                                       chosen):
-    """The CPU's flags faked as /proc/cpuinfo would give them; the weights loaded with dtype="auto" on the CPU follow
-    them, an explicit dtype wins, and the library's default stays the weights as saved (fp32)."""
+    """The CPU's flags faked as /proc/cpuinfo would give them; a model loaded with dtype="auto" on the CPU follows
+    them, an explicit dtype wins, and the library's default stays the weights as saved (fp32, no int8 copies)."""
     monkeypatch.setattr(cpu_threads, "cpu_model_and_flags", lambda: ("a CPU", flags))
-    assert inference_dtype(torch.device(device)) == chosen
-    assert inference_dtype(torch.device(device), "float32") == torch.float32
-    assert inference_dtype(torch.device(device), "bfloat16") == torch.bfloat16
+    assert inference_precision(torch.device(device)) == chosen
+    for requested in ("float32", "bfloat16", "int8"):
+        assert inference_precision(torch.device(device), requested) == requested
     if device == "cpu":
         model, _ = load_model_and_tokenizer(trained_model_dir, "cpu", dtype="auto")
-        assert {parameter.dtype for parameter in model.parameters()} == {chosen}
+        weights = torch.bfloat16 if chosen == "bfloat16" else torch.float32
+        assert {parameter.dtype for parameter in model.parameters()} == {weights}
+        assert hasattr(model, "int8_weights") == (chosen == "int8")
         model, _ = load_model_and_tokenizer(trained_model_dir, "cpu")
         assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
+        assert not hasattr(model, "int8_weights")
+
+
+def test_dtype_int8_loads_fp32_weights_with_int8_copies_for_a_cpu_only(trained_model_dir):
+    """dtype="int8": the weights stay fp32 and the decoding loops get their int8 copies; asked for another device it
+    is refused in one line, before anything is moved there (this machine has no GPU: a move would fail otherwise)."""
+    model, _ = load_model_and_tokenizer(trained_model_dir, "cpu", dtype="int8")
+    assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
+    assert len(model.int8_weights.decoder_layers) == model.config.decoder_layers
+    with pytest.raises(ModelLoadError, match="^dtype int8 translates on a CPU only, not on cuda: use float32 or "
+                                             "bfloat16$"):
+        load_model_and_tokenizer(trained_model_dir, "cuda", dtype="int8")

@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 from safetensors import SafetensorError, safe_open
 
+from ..decoding import quantize_for_decoding
 from ..errors import UsageError
 from ..translation_core import (
     DEFAULT_BATCH_SIZE,
@@ -145,21 +146,23 @@ def _hub_is_unreachable(repo_id: str) -> bool:
 # --------------------------------------------------------------------------------------------------------------
 # Loading, with every check once
 # --------------------------------------------------------------------------------------------------------------
-# The dtypes a model may be loaded in to translate (the command line's and the demo's --dtype); "auto": `inference_dtype`
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# What a model may translate in (the command line's and the demo's --dtype; "auto": `inference_precision`): its weights
+# in fp32 or bf16, or fp32 weights whose decoding steps multiply in int8 (`decoding.quantize_for_decoding`, CPU only)
+PRECISIONS = ("float32", "bfloat16", "int8")
 
 
-def inference_dtype(device: torch.device | str | None, requested: str = "auto") -> torch.dtype:
-    """The dtype of the weights a model translates with: `requested` ("float32" or "bfloat16"), or with "auto" bf16
-    on a CPU with AVX-512 BF16 and no AMX and fp32 elsewhere. On such a CPU (an AMD EPYC) a decoding step is bound by
-    reading its weights, and bf16 weights decoded 1.32-1.56x faster at the same test BLEU (greedy and beam 4, batch 1
-    and 32); on a Xeon with AMX they halved greedy speed at batch 1 (benchmarks/results/inference_precision*.md)."""
+def inference_precision(device: torch.device | str | None, requested: str = "auto") -> str:
+    """What a model translates in: `requested` (one of PRECISIONS), or with "auto" on a CPU with AVX-512 BF16 and
+    no AMX "int8", and "float32" elsewhere. On such a CPU (an AMD EPYC) a decoding step is bound by reading its
+    weights: on three corpora int8 products decoded 1.3-2.6x as fast as fp32 (greedy at batch 1 1.9-2.6x) and bf16
+    weights 1.3-1.9x, test BLEU within 0.15 of fp32; on a Xeon with AMX bf16 weights halved greedy speed at batch 1,
+    and int8 is not measured there (benchmarks/results/inference_precision*.md)."""
     if requested != "auto":
-        return DTYPES[requested]
+        return requested
     from ..cpu_threads import cpu_bf16_units
 
     on_cpu = torch.device(device or "cpu").type == "cpu"
-    return torch.bfloat16 if on_cpu and cpu_bf16_units() == "AVX-512 BF16" else torch.float32
+    return "int8" if on_cpu and cpu_bf16_units() == "AVX-512 BF16" else "float32"
 
 
 def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.device | str | None = None,
@@ -167,8 +170,9 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
     """(model in eval mode on `device`, tokenizer) from a saved directory or a hub id (see `locate_model`).
 
     `config_overrides` (e.g. `{"dropout": 0.2}`) replace fields of the saved config before the model is built.
-    `dtype`: None (the dtype the weights were saved in: fp32 for train.py's), "float32", "bfloat16", or "auto"
-    (`inference_dtype`: what translates fastest on `device` at the same BLEU).
+    `dtype`: None (the dtype the weights were saved in: fp32 for train.py's), "float32", "bfloat16", "int8" (fp32
+    weights, the decoding loops' products in int8, on a CPU), or "auto" (`inference_precision`: what translates
+    fastest on `device` at the same BLEU).
 
     Raises `ModelLoadError` with a one-line message for: a missing directory; no, pickled-only, truncated or
     corrupted weights; a config.json that is no JSON or of a model type that does not translate; a tokenizer that
@@ -179,6 +183,8 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
     import hf_scratch_transformer  # noqa: F401  (registers the Auto classes: no trust_remote_code needed)
     from transformers import AutoModelForSeq2SeqLM
 
+    if dtype == "int8" and torch.device(device or "cpu").type != "cpu":
+        raise ModelLoadError(f"dtype int8 translates on a CPU only, not on {device}: use float32 or bfloat16")
     name = os.fspath(name_or_path)
     source, local_only = locate_model(name)
     if Path(source).is_dir():
@@ -195,7 +201,10 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
     if device is not None:
         model.to(device)
     if dtype is not None:  # after the checks, which read the weights as saved
-        model.to(inference_dtype(device, dtype))
+        precision = inference_precision(device, dtype)
+        model.to(torch.bfloat16 if precision == "bfloat16" else torch.float32)
+        if precision == "int8":
+            quantize_for_decoding(model)
     model.eval()
     return model, tokenizer
 

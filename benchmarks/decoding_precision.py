@@ -1,0 +1,116 @@
+"""Decoding speed in each precision `--dtype` offers, against MarianMT in fp32 holding the same weights (issue: speed to
+the CPU's limit).
+
+    python benchmarks/decoding_precision.py            # small preset, batch 1 and 32, greedy and beam 4
+    python benchmarks/decoding_precision.py --threads 1 --output benchmarks/results/decoding_precision_1thread.json
+
+Our model in the three precisions `load_model_and_tokenizer(..., dtype=...)` gives, through `generate()` (the
+package's loops), on bench_speed.py's models and batches (`common.build_pair`: random weights, random sentence
+lengths), with MarianMT holding the same weights in fp32 (the speed goal's reference):
+
+- `float32`: the weights as train.py saves them;
+- `bfloat16`: the weights in bf16 (the loops attend in fp32 from `decoding.FP32_ATTENTION_MIN_SOURCES` sources);
+- `int8`: fp32 weights, every matrix product of a decoding step in int8 (`decoding.quantize_for_decoding`).
+
+`--new_tokens` new tokens a sentence (end tokens not honoured, so every variant does the same steps whatever its
+roundings choose), one warm-up call each, then `--rounds` calls of each variant, alternated (the order reversed every
+round). The table gives the median µs per new token and each variant's speed over Marian's: the median of the ratios
+of calls adjacent in time, which cancels most of a shared machine's drift. It names what `--dtype auto` picks on
+this machine. Results: `benchmarks/results/decoding_precision.json` and `.md` (machine, load, commit).
+"""
+
+import argparse
+import copy
+import statistics
+import time
+
+import numpy as np
+import torch
+from common import RESULTS, build_pair, git_commit, loadavg, machine_info, machine_line, random_batch, run_generate, \
+    write_results
+
+from hf_scratch_transformer.decoding import quantize_for_decoding
+from hf_scratch_transformer.translation.translate import inference_precision
+
+VARIANTS = ("float32", "bfloat16", "int8", "MarianMT fp32")
+
+
+def our_variants(ours) -> dict:
+    """Our model as each `--dtype` loads it."""
+    int8 = copy.deepcopy(ours)
+    quantize_for_decoding(int8)
+    return {"float32": ours, "bfloat16": copy.deepcopy(ours).to(torch.bfloat16), "int8": int8}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--new_tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=8, help="timed calls of each variant (alternated)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--note", default="", help="what else ran on the machine")
+    parser.add_argument("--output", default=str(RESULTS / "decoding_precision.json"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    load_before = loadavg()
+    ours, marian = build_pair(args.preset, args.seed)
+    models = {**our_variants(ours.eval()), "MarianMT fp32": marian.eval()}
+
+    def call(variant: str, batch: dict, beams: int) -> float:
+        started = time.perf_counter()
+        run_generate(models[variant], batch, beams, args.new_tokens)
+        return time.perf_counter() - started
+
+    rng = np.random.default_rng(args.seed)
+    cases = []
+    for batch_size in args.batch_sizes:
+        batch = random_batch(rng, batch_size)
+        for beams in args.beams:
+            for variant in VARIANTS:  # warm-up
+                call(variant, batch, beams)
+            seconds = {variant: [] for variant in VARIANTS}
+            for round_ in range(args.rounds):
+                for variant in (VARIANTS if round_ % 2 == 0 else VARIANTS[::-1]):
+                    seconds[variant].append(call(variant, batch, beams))
+            new_tokens = batch_size * args.new_tokens
+            cases.append({
+                "batch_size": batch_size, "beams": beams, "source_tokens": int(batch["input_ids"].shape[1]),
+                "us_per_new_token": {variant: 1e6 * statistics.median(times) / new_tokens
+                                     for variant, times in seconds.items()},
+                "over_marian": {variant: statistics.median(m / o for m, o in zip(seconds["MarianMT fp32"], times))
+                                for variant, times in seconds.items() if variant != "MarianMT fp32"},
+                "seconds": seconds})
+    results = {"settings": vars(args), "machine": machine_info(args.threads), "commit": git_commit(),
+               "load_before": load_before, "load_after": loadavg(), "cases": cases,
+               "auto_precision": inference_precision("cpu")}
+    text = markdown(results, args)
+    write_results(results, args.output, text)
+    print(text)
+    return results
+
+
+def markdown(results: dict, args) -> str:
+    ours = VARIANTS[:3]
+    lines = ["# Decoding speed in each precision, against MarianMT fp32", "",
+             f"{machine_line(results['machine'])} Load average {results['load_before']} before, "
+             f"{results['load_after']} after.{' ' + args.note if args.note else ''}", "",
+             f"Preset {args.preset}, random weights (seeded) shared with MarianMT, `generate()` (the package's loops), "
+             f"{args.new_tokens} new tokens a sentence (end tokens not honoured). Median of {args.rounds} calls per "
+             f"variant, alternated; µs per new token (lower is faster), and speed over Marian's (the median of "
+             f"adjacent calls' ratios). `--dtype auto` picks **{results['auto_precision']}** on this machine.", "",
+             "| batch | beams | " + " | ".join(f"{v} µs" for v in VARIANTS) + " | "
+             + " | ".join(f"{v} / Marian" for v in ours) + " |",
+             "|---:|---:|" + "---:|" * (len(VARIANTS) + len(ours))]
+    for case in results["cases"]:
+        times, speed = case["us_per_new_token"], case["over_marian"]
+        lines.append(f"| {case['batch_size']} | {case['beams']} | "
+                     + " | ".join(f"{times[v]:.1f}" for v in VARIANTS) + " | "
+                     + " | ".join(f"{speed[v]:.2f}×" for v in ours) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
