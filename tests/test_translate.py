@@ -287,6 +287,11 @@ def test_dtype_auto_is_int8_only_on_a_cpu_with_avx512_bf16_and_no_amx(trained_mo
         assert not hasattr(model, "int8_weights")
 
 
+def test_a_dtype_that_is_not_offered_is_refused_not_read_as_fp32(trained_model_dir):
+    with pytest.raises(ValueError, match="^dtype 'float16' is not one of auto, float32, bfloat16, int8$"):
+        load_model_and_tokenizer(trained_model_dir, "cpu", dtype="float16")
+
+
 def test_dtype_int8_loads_fp32_weights_with_int8_copies_for_a_cpu_only(trained_model_dir):
     """dtype="int8": the weights stay fp32 and the decoding loops get their int8 copies; asked for another device it
     is refused in one line, before anything is moved there (this machine has no GPU: a move would fail otherwise)."""

@@ -157,8 +157,10 @@ def inference_precision(device: torch.device | str | None, requested: str = "aut
     weights: on three corpora int8 products decoded 1.3-2.6x as fast as fp32 (greedy at batch 1 1.9-2.6x) and bf16
     weights 1.3-1.9x, test BLEU within 0.15 of fp32; on a Xeon with AMX bf16 weights halved greedy speed at batch 1,
     and int8 is not measured there (benchmarks/results/inference_precision*.md)."""
-    if requested != "auto":
+    if requested in PRECISIONS:
         return requested
+    if requested != "auto":
+        raise ValueError(f"dtype {requested!r} is not one of auto, {', '.join(PRECISIONS)}")
     from ..cpu_threads import cpu_bf16_units
 
     on_cpu = torch.device(device or "cpu").type == "cpu"
