@@ -10,7 +10,8 @@ lengths), with MarianMT holding the same weights in fp32 (the speed goal's refer
 
 - `float32`: the weights as train.py saves them;
 - `bfloat16`: the weights in bf16 (the loops attend in fp32 from `decoding.FP32_ATTENTION_MIN_SOURCES` sources);
-- `int8`: fp32 weights, every matrix product of a decoding step in int8 (`decoding.quantize_for_decoding`).
+- `int8`: fp32 weights, every matrix product of a decoding step in int8 (`decoding.quantize_for_decoding`), the
+  encoder in bf16 on a CPU with bf16 units (`translate.int8_encoder_dtype`).
 
 `--new_tokens` new tokens a sentence (end tokens not honoured, so every variant does the same steps whatever its
 roundings choose), one warm-up call each, then `--rounds` calls of each variant, alternated (the order reversed every
@@ -30,7 +31,7 @@ from common import RESULTS, build_pair, git_commit, loadavg, machine_info, machi
     write_results
 
 from hf_scratch_transformer.decoding import quantize_for_decoding
-from hf_scratch_transformer.translation.translate import inference_precision
+from hf_scratch_transformer.translation.translate import inference_precision, int8_encoder_dtype
 
 VARIANTS = ("float32", "bfloat16", "int8", "MarianMT fp32")
 
@@ -38,7 +39,7 @@ VARIANTS = ("float32", "bfloat16", "int8", "MarianMT fp32")
 def our_variants(ours) -> dict:
     """Our model as each `--dtype` loads it."""
     int8 = copy.deepcopy(ours)
-    quantize_for_decoding(int8)
+    quantize_for_decoding(int8, int8_encoder_dtype())
     return {"float32": ours, "bfloat16": copy.deepcopy(ours).to(torch.bfloat16), "int8": int8}
 
 

@@ -7,7 +7,9 @@ runs once, each decoder layer's cross-attention keys and values are projected on
 the self-attention keys and values of each new token are written into buffers allocated for the whole output, and
 each step computes each layer's sublayers with `F.linear` / `F.layer_norm` on the layer's own parameters (pre- and
 post-norm alike) and `scaled_dot_product_attention`, as the model's default "sdpa" attention does. A model given
-int8 copies of its decoder's weights (`quantize_for_decoding`) computes the steps' matrix products in int8.
+int8 copies of its decoder's weights (`quantize_for_decoding`) computes the steps' matrix products in int8 (and may
+run its encoder in bf16). From a few sources on a CPU, cross-attention is two batched products instead of the fused
+kernel (`BMM_CROSS_ATTENTION_MIN_SOURCES`).
 
 `ScratchTransformerForConditionalGeneration.generate()` comes here when `plain_decoding` finds a call that asks for
 nothing else (greedy or beam search, no sampling, no logits processors but the minimum length, no streamer, no extra
@@ -21,6 +23,7 @@ Shapes: B batch, K beams, S source length, N new tokens, D d_model, H heads, Dh 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -145,6 +148,15 @@ def search(model, call: DecodingCall, max_new_tokens: torch.Tensor | None = None
                        early_stopping=call.early_stopping, num_return_sequences=call.num_return_sequences)
 
 
+def encode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The encoder's output (B, S, D): from the model's encoder, or from int8 decoding's copy of it in another dtype
+    (`quantize_for_decoding`), back in fp32."""
+    int8 = getattr(model, "int8_weights", None)
+    if int8 is None or int8.encoder is None:
+        return model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    return int8.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.float()
+
+
 @torch.no_grad()
 def greedy_search(
     model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int | torch.Tensor,
@@ -164,7 +176,7 @@ def greedy_search(
     device = input_ids.device
     bounds = torch.as_tensor(max_new_tokens, device=device).expand(batch_size)
     steps = int(bounds.max())
-    encoder_output = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    encoder_output = encode(model, input_ids, attention_mask)
     # the encoder mask for every query (B, 1, 1, S), True where a source token may be attended; None without padding
     source_mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
     int8 = getattr(model, "int8_weights", None)
@@ -228,7 +240,7 @@ def beam_search(
     decoder, batch_size = model.model.decoder, input_ids.shape[0]
     bounds = torch.as_tensor(max_new_tokens, device=input_ids.device).expand(batch_size)
     steps = int(bounds.max())
-    encoder_output = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    encoder_output = encode(model, input_ids, attention_mask)
     source_mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
     int8 = getattr(model, "int8_weights", None)
     layers = [LayerState(layer, encoder_output, steps, num_beams, products=int8 and int8.decoder_layers[index])
@@ -387,26 +399,37 @@ class Int8Linear:
 @dataclass
 class Int8Weights:
     """int8 copies of what a decoding step multiplies by: each decoder layer's six products (`step_products`) and the
-    output projection. The encoder and the cross-attention keys and values, computed once per source, stay in fp32:
-    in int8 they cost test BLEU on every corpus tried (0.07-0.22, benchmarks/README.md), the step's products did not."""
+    output projection; and the encoder the loops run once per source: the model's own (fp32), or a copy in
+    `quantize_for_decoding`'s `encoder_dtype`. The encoder and the cross-attention keys and values stay out of int8:
+    there they cost test BLEU on every corpus tried (0.07-0.22, benchmarks/README.md), the step's products did not."""
 
     decoder_layers: list[dict[str, Int8Linear]]
     output_projection: Int8Linear
+    encoder: torch.nn.Module | None = None  # None: the model's own
 
 
-def quantize_for_decoding(model) -> None:
+def quantize_for_decoding(model, encoder_dtype: torch.dtype = torch.float32) -> None:
     """Make the loops (greedy and beam search: `generate()`'s plain calls and the translation backend) compute a
-    decoding step's matrix products in int8 (`Int8Weights`), for inference on a CPU. The copies are made once, now: a
-    model whose weights then change (training, loading others) must be quantized again. The model's forward and
-    transformers' own `generate()` path still use its fp32 weights."""
+    decoding step's matrix products in int8 (`Int8Weights`), for inference on a CPU, and run the encoder in
+    `encoder_dtype` (bf16 halves its time on a CPU with bf16 units and kept test BLEU; its output returns to fp32).
+    The copies are made once, now: a model whose weights then change (training, loading others) must be quantized
+    again. The model's forward and transformers' own `generate()` path still use its fp32 weights."""
     if model.dtype != torch.float32 or model.device.type != "cpu":
         raise ValueError(f"int8 decoding quantizes fp32 weights on a CPU, not {model.dtype} on {model.device}")
+    if encoder_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"the encoder of int8 decoding runs in torch.float32 or torch.bfloat16, not {encoder_dtype}")
+    encoder = None if encoder_dtype == torch.float32 else copy.deepcopy(model.get_encoder()).to(encoder_dtype)
     model.int8_weights = Int8Weights(
         [{name: Int8Linear(*weights) for name, weights in step_products(layer).items()}
          for layer in model.model.decoder.layers],
-        Int8Linear(model.lm_head.weight, model.lm_head.bias))
+        Int8Linear(model.lm_head.weight, model.lm_head.bias), encoder)
 
 
+# sources in a batch from which cross-attention is two batched products, not scaled_dot_product_attention: at 32
+# sources on a CPU the fused kernel, reading keys and values no longer in cache, made decoding 1.02-1.05x slower (AMD
+# EPYC, small preset, fp32 and int8, greedy and beam 4); level at 8, and at 1 the products' extra calls cost more
+# (benchmarks/results/cross_attention_bmm.md)
+BMM_CROSS_ATTENTION_MIN_SOURCES = 8
 # positions the self-attention buffers hold at first (LayerState.grow doubles them)
 INITIAL_POSITIONS = 64
 # sources in a batch from which bf16 weights on a CPU attend in fp32 (AMD EPYC, small preset, against bf16: greedy
@@ -415,8 +438,8 @@ FP32_ATTENTION_MIN_SOURCES = 8
 
 
 class LayerState:
-    """One decoder layer during greedy or beam search: its weights, its cross-attention keys/values (B, H, S, Dh)
-    projected once, and its self-attention keys/values (B·K, H, N, Dh), filled one position per step (K beams; 1 in
+    """One decoder layer during greedy or beam search: its weights, its cross-attention keys/values (B, H, S, Dh;
+    the keys (B, H, Dh, S) when `cross_attends_by_bmm`) projected once, and its self-attention keys/values (B·K, H, N, Dh), filled one position per step (K beams; 1 in
     greedy search).
 
     The step computes what the layer's forward computes in eval mode (post- or pre-norm, its activation) with
@@ -452,6 +475,11 @@ class LayerState:
             F.linear(encoder_output, cross_attention.k_proj.weight, cross_attention.k_proj.bias)))
         self.cross_values = self.attention_input(self.split_heads(
             F.linear(encoder_output, cross_attention.v_proj.weight, cross_attention.v_proj.bias)))
+        self.cross_attends_by_bmm = (encoder_output.is_cpu
+                                     and encoder_output.shape[0] >= BMM_CROSS_ATTENTION_MIN_SOURCES)
+        if self.cross_attends_by_bmm:  # keys (B, H, Dh, S) and values (B, H, S, Dh), each contiguous for bmm
+            self.cross_keys = self.cross_keys.transpose(2, 3).contiguous()
+            self.cross_values = self.cross_values.contiguous()
         rows = encoder_output.shape[0] * beams
         # room for the first steps, doubled when full (`self_attention`): a bound of 256 new tokens costs memory only
         # when a sentence comes near it
@@ -506,12 +534,29 @@ class LayerState:
         self.spare = None
 
     def cross_attention(self, hidden: torch.Tensor, source_mask: torch.Tensor | None) -> torch.Tensor:
-        """hidden (B·K, 1, D) -> (B·K, 1, D): a source's K beams are K queries over its keys and values (B, H, S, Dh),
-        which are therefore projected and stored once per source, not once per beam."""
-        query = self.cross_query(hidden).view(-1, self.beams, self.heads, self.head_dim).transpose(1, 2)
-        output = F.scaled_dot_product_attention(self.attention_input(query), self.cross_keys, self.cross_values,
-                                                attn_mask=source_mask, scale=self.scaling)  # (B, H, K, Dh)
+        """hidden (B·K, 1, D) -> (B·K, 1, D): a source's K beams are K queries over its keys and values, which are
+        therefore projected and stored once per source, not once per beam."""
+        query = self.attention_input(
+            self.cross_query(hidden).view(-1, self.beams, self.heads, self.head_dim).transpose(1, 2))
+        if self.cross_attends_by_bmm:
+            output = self.cross_attention_by_bmm(query, source_mask)
+        else:
+            output = F.scaled_dot_product_attention(query, self.cross_keys, self.cross_values, attn_mask=source_mask,
+                                                    scale=self.scaling)  # (B, H, K, Dh)
         return self.cross_output(self.attention_output(output.transpose(1, 2).reshape(hidden.shape), hidden))
+
+    def cross_attention_by_bmm(self, query: torch.Tensor, source_mask: torch.Tensor | None) -> torch.Tensor:
+        """softmax(q·kᵀ·scale) v for queries (B, H, K, Dh) over `cross_keys` (B, H, Dh, S): what
+        scaled_dot_product_attention computes, as two batched matrix products."""
+        sources, heads, beams, head_dim = query.shape
+        keys, values = self.cross_keys, self.cross_values
+        scores = torch.bmm(query.reshape(sources * heads, beams, head_dim), keys.view(sources * heads, head_dim, -1))
+        scores = scores.view(sources, heads, beams, -1).mul_(self.scaling)
+        if source_mask is not None:
+            scores.masked_fill_(source_mask.logical_not(), float("-inf"))
+        output = torch.bmm(scores.softmax(dim=-1).view(sources * heads, beams, -1),
+                           values.view(sources * heads, -1, head_dim))
+        return output.view(sources, heads, beams, head_dim)
 
     def keep_sources(self, sources: torch.Tensor):
         """Beam search: only these sources (indices into the present batch) go on; `reorder` then keeps their beams'

@@ -19,7 +19,7 @@ from hf_scratch_transformer import plotting
 from hf_scratch_transformer.decoding import quantize_for_decoding
 from hf_scratch_transformer.documents import split_input
 from hf_scratch_transformer.translation import cli
-from hf_scratch_transformer.translation.translate import translate
+from hf_scratch_transformer.translation.translate import int8_encoder_dtype, translate
 from hf_scratch_transformer.translation_core import format_alignment, hard_alignment, text_alignment
 
 SOURCES = [source for source, _ in PAIRS_EN_ES]
@@ -538,7 +538,7 @@ def copy_in_precision(model, dtype: str):
     """A copy of `model` as `--dtype bfloat16` or `--dtype int8` loads it."""
     copied = copy.deepcopy(model)
     if dtype == "int8":
-        quantize_for_decoding(copied)
+        quantize_for_decoding(copied, int8_encoder_dtype())
         return copied
     return copied.to(torch.bfloat16)
 

@@ -290,6 +290,43 @@ def test_the_self_attention_buffers_grow_as_sentences_do(trained, batch, monkeyp
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
+def test_from_eight_sources_cross_attention_is_two_batched_products_with_generate_s_tokens(trained, batch,
+                                                                                          monkeypatch, num_beams):
+    """From BMM_CROSS_ATTENTION_MIN_SOURCES sources on a CPU every step's cross-attention is bmm, softmax, bmm (the
+    fused kernel was the slower there), the padded sources masked as before: the tokens stay transformers'
+    generate()'s, and ended rows and sources leave the batch as they did. Below, scaled_dot_product_attention."""
+    many = {key: value.repeat(2, 1) for key, value in batch.items()}  # 12 sources, padded
+    assert not bool(many["attention_mask"].all())
+    by_bmm = []
+    original = decoding.LayerState.cross_attention_by_bmm
+    monkeypatch.setattr(decoding.LayerState, "cross_attention_by_bmm", lambda state, query, mask: by_bmm.append(
+        query.shape[0]) or original(state, query, mask))
+    options = {"num_beams": num_beams, "max_new_tokens": 30}
+    for inputs in (many, batch):
+        by_bmm.clear()
+        ours = trained.generate(**inputs, **options)
+        assert torch.equal(ours, transformers_generate(trained, **inputs, **options))
+        sources = inputs["input_ids"].shape[0]
+        if sources >= decoding.BMM_CROSS_ATTENTION_MIN_SOURCES:
+            steps = ours.shape[1] - 1
+            assert by_bmm[0] == sources and len(by_bmm) == steps * trained.config.decoder_layers, (len(by_bmm), steps)
+            assert min(by_bmm) < sources  # sources (or rows) that ended left the batch on the way
+        else:
+            assert sources < decoding.BMM_CROSS_ATTENTION_MIN_SOURCES and not by_bmm
+    # the products compute the fused kernel's attention, the padding masked (the tokens alone barely depend on it)
+    with torch.no_grad():
+        encoder_output = trained.get_encoder()(**many).last_hidden_state
+        state = decoding.LayerState(trained.model.decoder.layers[0], encoder_output, 4, num_beams)
+    assert state.cross_attends_by_bmm
+    query = torch.randn(12, state.heads, num_beams, state.head_dim)
+    source_mask = many["attention_mask"].bool()[:, None, None, :]
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query, state.cross_keys.transpose(2, 3), state.cross_values, attn_mask=source_mask, scale=state.scaling)
+    torch.testing.assert_close(state.cross_attention_by_bmm(query, source_mask), expected)
+    assert not torch.allclose(state.cross_attention_by_bmm(query, None), expected)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
 def test_bf16_weights_on_a_cpu_attend_in_fp32_from_eight_sources(trained, batch, monkeypatch, num_beams):
     """With bf16 weights the loops keep the attention's keys and values in fp32 once the sources reach
     FP32_ATTENTION_MIN_SOURCES (a CPU's bf16 attention over one query per row is the slower), in bf16 below (the query
@@ -338,19 +375,25 @@ def test_an_int8_product_is_the_fp32_product_within_its_rounding():
     assert not torch.equal(rounded, exact)  # really rounded
 
 
+@pytest.mark.parametrize("encoder_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_a_model_quantized_for_decoding_multiplies_in_int8_and_keeps_its_translations(trained, batch, monkeypatch,
-                                                                                      num_beams):
+                                                                                      num_beams, encoder_dtype):
     """quantize_for_decoding: every matrix product of a decoding step (six a layer and the output projection) goes
-    through torch._int_mm, and on this trained model, whose choices are clear, the tokens are the fp32 model's; the
-    model's own weights and forward are untouched."""
+    through torch._int_mm, the encoder runs in `encoder_dtype` (bf16: a copy, the model's own encoder is not called),
+    and on this trained model, whose choices are clear, the tokens are the fp32 model's; the model's own weights and
+    forward are untouched."""
     quantized = copy.deepcopy(trained)
-    decoding.quantize_for_decoding(quantized)
-    calls = []
+    decoding.quantize_for_decoding(quantized, encoder_dtype)
+    calls, encoders = [], []
     int_mm = torch._int_mm
     monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(tuple(b.shape)) or int_mm(a, b))
+    for encoder in {quantized.get_encoder(), quantized.int8_weights.encoder} - {None}:
+        encoder.register_forward_hook(lambda module, args, kwargs, output: encoders.append(
+            (module is quantized.get_encoder(), output.last_hidden_state.dtype)), with_kwargs=True)
     options = {"num_beams": num_beams, "max_new_tokens": 20}
     tokens = quantized.generate(**batch, **options)
+    assert encoders == [(encoder_dtype == torch.float32, encoder_dtype)]
     assert torch.equal(tokens, trained.generate(**batch, **options))
     calls.clear()
     quantized.generate(**batch, num_beams=num_beams, max_new_tokens=12, min_new_tokens=12)  # 12 steps for every row
@@ -361,9 +404,12 @@ def test_a_model_quantized_for_decoding_multiplies_in_int8_and_keeps_its_transla
         assert torch.equal(quantized(**batch, decoder_input_ids=tokens).logits,
                            trained(**batch, decoder_input_ids=tokens).logits)
     assert not calls
-
+    assert {parameter.dtype for parameter in quantized.parameters()} == {torch.float32}
 
 
 def test_quantize_for_decoding_refuses_weights_it_cannot_copy_to_int8(trained):
     with pytest.raises(ValueError, match="int8 decoding quantizes fp32 weights on a CPU, not torch.bfloat16 on cpu"):
         decoding.quantize_for_decoding(copy.deepcopy(trained).to(torch.bfloat16))
+    with pytest.raises(ValueError, match="encoder of int8 decoding runs in torch.float32 or torch.bfloat16, not "
+                                         "torch.float16"):
+        decoding.quantize_for_decoding(copy.deepcopy(trained), torch.float16)

@@ -23,7 +23,7 @@ from hf_scratch_transformer.translation import demo
 from hf_scratch_transformer.data.loading import SHIPPED_CORPUS_FILES, SHIPPED_DATASET_ID
 from hf_scratch_transformer.errors import EnvironmentFault, UsageError
 from hf_scratch_transformer.translation.translate import TEST_SOURCES_FILE
-from hf_scratch_transformer.translation.translate import translate
+from hf_scratch_transformer.translation.translate import int8_encoder_dtype, translate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -380,7 +380,7 @@ def test_the_demo_loads_the_weights_in_the_dtype_asked_and_translates_as_the_api
     assert hasattr(loaded.model, "int8_weights") == (dtype == "int8")
     copied = copy.deepcopy(model)
     if dtype == "int8":
-        quantize_for_decoding(copied)
+        quantize_for_decoding(copied, int8_encoder_dtype())
     shown = demo.translate_text(loaded.model, loaded.tokenizer, SENTENCE, num_beams=4, num_hypotheses=2)
     expected = demo.translate_text(copied.to(weights), tokenizer, SENTENCE, num_beams=4, num_hypotheses=2)
     assert [(h.text, h.score) for h in shown.hypotheses] == [(h.text, h.score) for h in expected.hypotheses]

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration
+from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration, decoding
 
 
 def test_matmul_peak_writes_both_dtypes_at_each_thread_count_and_names_the_cpu(tmp_path):
@@ -227,3 +227,33 @@ def test_decoding_precision_times_each_dtype_and_marian_alternated_with_int8_pro
     markdown = (tmp_path / "d.md").read_text()
     assert results["machine"]["cpu"] in markdown and f"picks **{results['auto_precision']}**" in markdown
     assert "| 3 | 2 |" in markdown and "int8 / Marian" in markdown
+
+
+def test_cross_attention_bmm_times_both_paths_alternated_and_each_really_taken(tmp_path, monkeypatch):
+    """Each case times the two cross-attentions the same number of times, in fp32 and int8; inside
+    `cross_attention_by` the loops take the path named at any batch size, and the package's threshold comes back."""
+    from cross_attention_bmm import VARIANTS, cross_attention_by, main
+
+    threads = torch.get_num_threads()
+    results = main(["--preset", "tiny", "--batch_sizes", "1", "9", "--beams", "1", "2", "--new_tokens", "3",
+                    "--rounds", "2", "--threads", "1", "--output", str(tmp_path / "c.json")])
+    torch.set_num_threads(threads)
+    assert [(case["batch_size"], case["precision"], case["beams"]) for case in results["cases"]] == [
+        (size, precision, beams) for size in (1, 9) for precision in ("float32", "int8") for beams in (1, 2)]
+    for case in results["cases"]:
+        assert [len(case["seconds"][variant]) for variant in VARIANTS] == [2, 2] and case["fused_over_bmm"] > 0
+    model = ScratchTransformerForConditionalGeneration(ScratchTransformerConfig.from_preset("tiny", vocab_size=50))
+    taken = []
+    original = decoding.LayerState.cross_attention_by_bmm
+    monkeypatch.setattr(decoding.LayerState, "cross_attention_by_bmm",
+                        lambda state, *args: taken.append(1) or original(state, *args))
+    for sources, variant in ((1, "bmm"), (9, "fused")):
+        batch = {"input_ids": torch.tensor([[5, 6, 7, 2]] * sources),
+                 "attention_mask": torch.ones(sources, 4, dtype=torch.long)}
+        taken.clear()
+        with cross_attention_by(variant):
+            model.eval().generate(**batch, max_new_tokens=2, num_beams=1)
+        assert bool(taken) == (variant == "bmm")
+    assert decoding.BMM_CROSS_ATTENTION_MIN_SOURCES == 8
+    markdown = (tmp_path / "c.md").read_text()
+    assert results["machine"]["cpu"] in markdown and "| 9 | int8 | 2 |" in markdown and "from 8 sources" in markdown

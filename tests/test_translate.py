@@ -292,12 +292,25 @@ def test_a_dtype_that_is_not_offered_is_refused_not_read_as_fp32(trained_model_d
         load_model_and_tokenizer(trained_model_dir, "cpu", dtype="float16")
 
 
-def test_dtype_int8_loads_fp32_weights_with_int8_copies_for_a_cpu_only(trained_model_dir):
-    """dtype="int8": the weights stay fp32 and the decoding loops get their int8 copies; asked for another device it
-    is refused in one line, before anything is moved there (this machine has no GPU: a move would fail otherwise)."""
+@pytest.mark.parametrize("flags, encoder_dtype", [
+    ({"avx512_bf16", "avx512_vnni"}, torch.bfloat16),  # an AMD EPYC (Zen 4)
+    ({"avx512_bf16", "amx_bf16"}, torch.bfloat16),  # a Xeon with AMX
+    ({"avx512f", "avx512_vnni"}, torch.float32),  # no bf16 units: bf16 would be emulated
+])
+def test_dtype_int8_loads_fp32_weights_with_int8_copies_for_a_cpu_only(trained_model_dir, monkeypatch, flags,
+                                                                       encoder_dtype):
+    """dtype="int8": the weights stay fp32 and the decoding loops get their int8 copies, with a bf16 copy of the
+    encoder where the CPU (its flags faked) has bf16 units; asked for another device it is refused in one line, before
+    anything is moved there (this machine has no GPU: a move would fail otherwise)."""
+    monkeypatch.setattr(cpu_threads, "cpu_model_and_flags", lambda: ("a CPU", flags))
     model, _ = load_model_and_tokenizer(trained_model_dir, "cpu", dtype="int8")
     assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
     assert len(model.int8_weights.decoder_layers) == model.config.decoder_layers
+    encoder = model.int8_weights.encoder
+    if encoder_dtype == torch.float32:
+        assert encoder is None  # the loops run the model's own
+    else:
+        assert {parameter.dtype for parameter in encoder.parameters()} == {encoder_dtype}
     with pytest.raises(ModelLoadError, match="^dtype int8 translates on a CPU only, not on cuda: use float32 or "
                                              "bfloat16$"):
         load_model_and_tokenizer(trained_model_dir, "cuda", dtype="int8")

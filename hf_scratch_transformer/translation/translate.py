@@ -154,9 +154,9 @@ PRECISIONS = ("float32", "bfloat16", "int8")
 def inference_precision(device: torch.device | str | None, requested: str = "auto") -> str:
     """What a model translates in: `requested` (one of PRECISIONS), or with "auto" on a CPU with AVX-512 BF16 and
     no AMX "int8", and "float32" elsewhere. On such a CPU (an AMD EPYC) a decoding step is bound by reading its
-    weights: on three corpora int8 products decoded 1.3-2.6x as fast as fp32 (greedy at batch 1 1.9-2.6x) and bf16
-    weights 1.3-1.9x, test BLEU within 0.15 of fp32; on a Xeon with AMX bf16 weights halved greedy speed at batch 1,
-    and int8 is not measured there (benchmarks/results/inference_precision*.md)."""
+    weights: on three corpora int8 products (the encoder in bf16) decoded 1.2-2.3x as fast as fp32 (greedy at batch 1
+    1.9-2.3x) and bf16 weights 1.3-1.9x, test BLEU within 0.2 of fp32; on a Xeon with AMX bf16 weights halved greedy
+    speed at batch 1, and int8 is not measured there (benchmarks/results/inference_precision*.md)."""
     if requested in PRECISIONS:
         return requested
     if requested != "auto":
@@ -167,14 +167,23 @@ def inference_precision(device: torch.device | str | None, requested: str = "aut
     return "int8" if on_cpu and cpu_bf16_units() == "AVX-512 BF16" else "float32"
 
 
+def int8_encoder_dtype() -> torch.dtype:
+    """The dtype the encoder runs in under int8 decoding (`decoding.quantize_for_decoding`): bf16 on a CPU with bf16
+    units (AMX or AVX-512 BF16), where it took half the time of fp32 at the same test BLEU, fp32 on a CPU without,
+    where bf16 products are emulated."""
+    from ..cpu_threads import cpu_bf16_units
+
+    return torch.bfloat16 if cpu_bf16_units() is not None else torch.float32
+
+
 def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.device | str | None = None,
                              config_overrides: dict | None = None, dtype: str | None = None):
     """(model in eval mode on `device`, tokenizer) from a saved directory or a hub id (see `locate_model`).
 
     `config_overrides` (e.g. `{"dropout": 0.2}`) replace fields of the saved config before the model is built.
     `dtype`: None (the dtype the weights were saved in: fp32 for train.py's), "float32", "bfloat16", "int8" (fp32
-    weights, the decoding loops' products in int8, on a CPU), or "auto" (`inference_precision`: what translates
-    fastest on `device` at the same BLEU).
+    weights, the decoding loops' products in int8 and the encoder in `int8_encoder_dtype()`, on a CPU), or "auto"
+    (`inference_precision`: what translates fastest on `device` at the same BLEU).
 
     Raises `ModelLoadError` with a one-line message for: a missing directory; no, pickled-only, truncated or
     corrupted weights; a config.json that is no JSON or of a model type that does not translate; a tokenizer that
@@ -206,7 +215,7 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
         precision = inference_precision(device, dtype)
         model.to(torch.bfloat16 if precision == "bfloat16" else torch.float32)
         if precision == "int8":
-            quantize_for_decoding(model)
+            quantize_for_decoding(model, int8_encoder_dtype())
     model.eval()
     return model, tokenizer
 
