@@ -433,7 +433,8 @@ BMM_CROSS_ATTENTION_MIN_SOURCES = 8
 # positions the self-attention buffers hold at first (LayerState.grow doubles them)
 INITIAL_POSITIONS = 64
 # sources in a batch from which bf16 weights on a CPU attend in fp32 (AMD EPYC, small preset, against bf16: greedy
-# 1.29-1.33x as fast at batch 32, 1.05-1.11x at 8, level within the noise at 1 and 2; beam 4 1.03-1.14x at 32)
+# 1.29-1.33x as fast at batch 32, 1.05-1.11x at 8, level within the noise at 1 and 2; beam 4 1.03-1.14x at 32; with
+# cross-attention by bmm from 8 sources 1.00-1.10x, level at 1 and 2: decoding_attention_bf16_bmm_cross.md)
 FP32_ATTENTION_MIN_SOURCES = 8
 
 
