@@ -9,6 +9,7 @@ importing it also puts the repository root on `sys.path`, so this checkout's pac
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import math
@@ -222,6 +223,22 @@ def precision_context(precision: str):
 # ------------------------------------------------------------------------------------------------------ timing
 def median(values) -> float:
     return float(statistics.median(values))
+
+
+def decoding_benchmark_parser(doc: str, batch_sizes: list[int], output_name: str):
+    """The arguments the decoding benchmarks share (preset, batch sizes, beams, new tokens, alternated rounds,
+    threads, seed, note, results file); a script adds its own."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--batch_sizes", type=int, nargs="+", default=batch_sizes)
+    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--new_tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=8, help="timed calls of each variant (alternated)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--note", default="", help="what else ran on the machine")
+    parser.add_argument("--output", default=str(RESULTS / output_name))
+    return parser
 
 
 def alternate(names: list, repeat: int) -> list:

@@ -20,15 +20,14 @@ calls' ratios. The two variants' tokens are compared. Results: `benchmarks/resul
 `.md` (machine, load, commit).
 """
 
-import argparse
 import contextlib
 import copy
 import statistics
 
 import numpy as np
 import torch
-from common import RESULTS, build_pair, git_commit, loadavg, machine_info, machine_line, paired_ratios, \
-    random_batch, run_generate, time_alternating, write_results
+from common import build_pair, decoding_benchmark_parser, git_commit, loadavg, machine_info, machine_line, \
+    paired_ratios, random_batch, run_generate, time_alternating, write_results
 
 from hf_scratch_transformer import decoding
 from hf_scratch_transformer.translation.translate import int8_encoder_dtype
@@ -48,17 +47,8 @@ def cross_attention_by(variant: str):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="small")
-    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 4, 8, 16, 32])
-    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
+    parser = decoding_benchmark_parser(__doc__, [1, 4, 8, 16, 32], "cross_attention_bmm.json")
     parser.add_argument("--precisions", nargs="+", choices=["float32", "int8"], default=["float32", "int8"])
-    parser.add_argument("--new_tokens", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=8, help="timed calls of each variant (alternated)")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--note", default="", help="what else ran on the machine")
-    parser.add_argument("--output", default=str(RESULTS / "cross_attention_bmm.json"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     load_before = loadavg()

@@ -24,15 +24,14 @@ variant, alternated (the order reversed every round); the median. The two attent
 and `.md` (machine, load, commit).
 """
 
-import argparse
 import contextlib
 import statistics
 import time
 
 import numpy as np
 import torch
-from common import RESULTS, build_pair, git_commit, loadavg, machine_info, machine_line, random_batch, run_generate, \
-    write_results
+from common import build_pair, decoding_benchmark_parser, git_commit, loadavg, machine_info, machine_line, \
+    random_batch, run_generate, write_results
 
 from hf_scratch_transformer import decoding
 
@@ -64,16 +63,7 @@ def attention_in(dtype: torch.dtype):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="small")
-    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 2, 8, 32])
-    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--new_tokens", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=8, help="timed calls of each variant (alternated)")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--note", default="", help="what else ran on the machine")
-    parser.add_argument("--output", default=str(RESULTS / "decoding_attention_bf16.json"))
+    parser = decoding_benchmark_parser(__doc__, [1, 2, 8, 32], "decoding_attention_bf16.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     load_before = loadavg()

@@ -20,15 +20,14 @@ of calls adjacent in time, which cancels most of a shared machine's drift. It na
 this machine. Results: `benchmarks/results/decoding_precision.json` and `.md` (machine, load, commit).
 """
 
-import argparse
 import copy
 import statistics
 import time
 
 import numpy as np
 import torch
-from common import RESULTS, build_pair, git_commit, loadavg, machine_info, machine_line, random_batch, run_generate, \
-    write_results
+from common import build_pair, decoding_benchmark_parser, git_commit, loadavg, machine_info, machine_line, \
+    random_batch, run_generate, write_results
 
 from hf_scratch_transformer.decoding import quantize_for_decoding
 from hf_scratch_transformer.translation.translate import inference_precision, int8_encoder_dtype
@@ -44,16 +43,7 @@ def our_variants(ours) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="small")
-    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--new_tokens", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=8, help="timed calls of each variant (alternated)")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--note", default="", help="what else ran on the machine")
-    parser.add_argument("--output", default=str(RESULTS / "decoding_precision.json"))
+    parser = decoding_benchmark_parser(__doc__, [1, 32], "decoding_precision.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     load_before = loadavg()
