@@ -47,8 +47,10 @@ from common import (
     equivalence_check, machine_info, median, precision_context, random_batch, run_generate, time_call, write_results,
 )
 
+from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
 from hf_scratch_transformer.cpu_threads import cpu_bf16_units
 from hf_scratch_transformer.training.flops import PRECISION_DTYPES, matmul_flops, matmul_weights_per_token
+from hf_scratch_transformer.training.loss import teacher_forced_loss
 
 hf_logging.set_verbosity_error()
 
@@ -146,12 +148,17 @@ def measure_kernels(cfg) -> dict:
 
 # ------------------------------------------------------------------------------------------------- training
 def train_step(model, opt, batch, autocast=contextlib.nullcontext):
+    """One step of plain cross-entropy: MarianMT's own loss, ours as train.py computes it (training/loss.py)."""
     with autocast():
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
-    out.loss.float().backward()
+        if isinstance(model, ScratchTransformerForConditionalGeneration):
+            loss = teacher_forced_loss(model, batch, 0.0)
+        else:
+            loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                         labels=batch["labels"]).loss
+    loss.float().backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return out.loss
+    return loss
 
 
 def bench_training(models: dict, cfg, batches, repeats, warmup, steps_per_rep, precision: str = "fp32") -> dict:

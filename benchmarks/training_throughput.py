@@ -30,6 +30,7 @@ from datasets import disable_progress_bars
 from common import RESULTS, VOCAB, batch_flops, build_pair, machine_info, train_py_batches, write_results
 
 from hf_scratch_transformer.training.flops import matmul_flops
+from hf_scratch_transformer.training.loss import teacher_forced_loss
 
 LABEL_SMOOTHING = 0.1
 
@@ -59,7 +60,7 @@ def make_step(name: str, model, optimizer, device: torch.device, dtype: torch.dt
     def step(batch: dict) -> None:
         with autocast:
             if name == "scratch":
-                loss = model(**batch, label_smoothing=LABEL_SMOOTHING).loss
+                loss = teacher_forced_loss(model, batch, LABEL_SMOOTHING)  # train.py's loss
             else:
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                labels=batch["labels"]).logits

@@ -1,5 +1,6 @@
-"""The training loop: the optimiser (Adam with the warm-up schedule), the label-smoothed loss, the run's batches epoch
-by epoch, and after each optimiser step what is due then (a log line, a validation, a checkpoint, a stop).
+"""The training loop: the optimiser (Adam with the warm-up schedule), the label-smoothed loss (loss.py), the run's
+batches epoch by epoch, and after each optimiser step what is due then (a log line, a validation, a checkpoint, a
+stop).
 
 A step reads top to bottom in `TrainingLoop`: forward, backward, clipping, optimiser step (`_train_batch`), then the
 schedule and what is due (`_after_step`). The pieces it leans on are small and named: `StepSchedule` (what is due at
@@ -33,6 +34,7 @@ from .distributed import agree, any_process, main_process_value
 from ..errors import RunInterrupted, TrainingFault, UsageError
 from .evaluation import log_row
 from .flops import end_peak_seconds, run_matmul_peak, tokens_and_flops, training_throughput
+from .loss import teacher_forced_loss
 from .model_directory import push_during_training
 from .recipe import Recipe
 from .run_directory import checkpoint_name, list_checkpoints, save_checkpoint
@@ -364,11 +366,9 @@ class TrainingLoop:
 
     def _loss(self, batch: dict) -> torch.Tensor:
         """Label-smoothed cross-entropy over the non-padding target tokens, teacher-forced (the decoder input comes
-        from the labels); fp32 whatever the precision of the forward."""
+        from the labels); fp32 whatever the precision of the forward (loss.py)."""
         with self.autocast():
-            outputs = self.train_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                       labels=batch["labels"], label_smoothing=self.args.label_smoothing_factor)
-        return outputs.loss.float()
+            return teacher_forced_loss(self.train_model, batch, self.args.label_smoothing_factor)
 
     def _after_step(self) -> None:
         """After an optimiser step: the schedule, then what is due (log line, validation, checkpoint, stop)."""
