@@ -1,13 +1,14 @@
 """Which malloc a training process runs on: tcmalloc when the machine has it.
 
-A training step allocates and frees the same few hundred tensors every step, several of them tens of MB (the
-logits, their fp32 copy and their gradient). glibc's malloc serves allocations that large with mmap and gives them
-back with munmap, so every step writes to fresh pages and the kernel faults in and zeroes each one: about 25,000 page
-faults a step in the default run (4-5 million in 150 steps, a tenth of its CPU time in the kernel). tcmalloc keeps
-freed memory for the next step: the default run trained at 1.32x the tokens/s and ended in 0.76x the wall time
-(benchmarks/README.md, "The memory allocator"). Not adopted, measured: glibc's own tunables (mmap and trimming off,
-huge pages) were faster over 150 steps but slowed down as a whole run went on, its heap growing; jemalloc's and
-mimalloc's defaults fault more than glibc and were not faster.
+A training step allocates and frees the same few hundred tensors every step, some of them tens of MB (the logits and
+their gradient). glibc's malloc serves allocations that large with mmap and gives them back with munmap, so every
+step writes to fresh pages and the kernel faults in and zeroes each one. tcmalloc keeps freed memory for the next
+step. With the model's own loss, which made fp32 copies of the logits, that was 4-5 million page faults in 150 steps
+and tcmalloc trained at 1.32x the tokens/s (an Intel Xeon); since train.py's loss makes none (training/loss.py),
+about 0.9 million against tcmalloc's 0.5 million, and tcmalloc trains at 1.07-1.12x (an AMD EPYC; benchmarks/README.md,
+"The memory allocator"). Not adopted, measured: glibc's own tunables (mmap and trimming off, huge pages) were faster
+over 150 steps but slowed down as a whole run went on, its heap growing; jemalloc's and mimalloc's defaults fault
+more than glibc and were not faster.
 
 `train.py` calls `relaunch_for_training()` before it imports torch: when the machine has tcmalloc (Debian and Ubuntu:
 `apt install libtcmalloc-minimal4`; Fedora: `gperftools-libs`) and the process does not run on a malloc of its own
@@ -26,7 +27,7 @@ ALLOCATOR_VARIABLE = "HF_SCRATCH_TRANSFORMER_ALLOCATOR"  # "system": no relaunch
 RELAUNCHED_VARIABLE = "HF_SCRATCH_TRANSFORMER_RELAUNCHED"  # set in the relaunched process: never a second time
 MALLOC_LIBRARIES = ("tcmalloc", "jemalloc", "mimalloc")  # what counts as a malloc of the user's choice
 TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")
-INSTALL_HINT = ("install it for about 1.3x faster training (Debian/Ubuntu: apt install libtcmalloc-minimal4; Fedora: "
+INSTALL_HINT = ("install it for about 1.1x faster training (Debian/Ubuntu: apt install libtcmalloc-minimal4; Fedora: "
                 "dnf install gperftools-libs) and train.py uses it")
 
 

@@ -153,7 +153,7 @@ def test_train_py_runs_on_tcmalloc_when_the_machine_has_it_and_says_so(tmp_path)
     if find_tcmalloc() is not None:
         assert described["default"].startswith("libtcmalloc") and described["default"].endswith("(preloaded by train.py)")
     else:
-        assert described["default"].startswith("the system's malloc (no tcmalloc found: install it for about 1.3x")
+        assert described["default"].startswith("the system's malloc (no tcmalloc found: install it for about 1.1x")
     assert described["system"] == f"the system's malloc ({ALLOCATOR_VARIABLE}=system)"
 
 

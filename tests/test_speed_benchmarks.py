@@ -257,3 +257,36 @@ def test_cross_attention_bmm_times_both_paths_alternated_and_each_really_taken(t
     assert decoding.BMM_CROSS_ATTENTION_MIN_SOURCES == 8
     markdown = (tmp_path / "c.md").read_text()
     assert results["machine"]["cpu"] in markdown and "| 9 | int8 | 2 |" in markdown and "from 8 sources" in markdown
+
+
+def test_training_loss_alternates_train_py_s_loss_and_the_model_s_own_in_train_py_runs(tmp_path, monkeypatch):
+    """Tiny train.py runs through the benchmark: each round runs both losses, each really in the loop (counted), from
+    the same first loss, and the loop gets its own loss back after the runs."""
+    import training_loss
+
+    from hf_scratch_transformer.training import loop
+
+    calls = {name: 0 for name in training_loss.LOSSES}
+
+    def counted(name, function):
+        def loss(*args):
+            calls[name] += 1
+            return function(*args)
+        return loss
+
+    for name, function in list(training_loss.LOSSES.items()):
+        monkeypatch.setitem(training_loss.LOSSES, name, counted(name, function))
+    threads = torch.get_num_threads()
+    results = training_loss.main(["--in_process", "--steps", "6", "--warmup", "2", "--rounds", "2", "--cpu_threads", "1",
+                                  "--output", str(tmp_path / "l.json"),
+                                  "--preset", "tiny", "--max_train_samples", "400", "--tokenizer_vocab_size", "600"])
+    torch.set_num_threads(threads)
+    assert calls == {"loss.py": 12, "the model's loss": 12}  # 6 batches a run (no accumulation), 2 runs each
+    assert loop.teacher_forced_loss is training_loss.loss_module.teacher_forced_loss
+    assert [list(row) for row in results["rounds"]] == [["loss.py", "the model's loss"], ["the model's loss", "loss.py"]]
+    for row in results["rounds"]:
+        first = row["loss.py"]["first_batch_loss"]
+        assert row["the model's loss"]["first_batch_loss"] == pytest.approx(first, rel=1e-5)
+        assert all(run["tokens_per_second"] > 0 and run["timed_steps"] == 6 - 2 for run in row.values())
+    assert len(results["summary"]["speedups"]) == 2
+    assert "median" in (tmp_path / "l.md").read_text()

@@ -127,7 +127,9 @@ BF16_CPU_MIN_WIDTH = 256
 # (benchmarks/results/memory_allocator.md), so the same minutes buy more steps. On the Xeon, 5,400 steps on tcmalloc
 # took 22.6 / 24.3 min (seeds 42 / 7), where 4,320 on glibc's malloc took 24.7 / 27.5, and reached validation BLEU
 # 24.25 / 24.41 where those had 23.61 / 23.44 (test BLEU beam 4: 30.52 / 30.50 against 29.08 / 29.67); a fresh clone
-# took 25.2 min at a slower moment of the same VM (docs/training.md, "The step budget on tcmalloc").
+# took 25.2 min at a slower moment of the same VM (docs/training.md, "The step budget on tcmalloc"). Measured with the
+# model's own loss; train.py's (training/loss.py) made steps 1.17x faster on glibc's malloc and 1.07x on tcmalloc
+# (an AMD EPYC), where tcmalloc's steps are now 1.07-1.12x glibc's: both budgets were kept, so runs end sooner.
 BF16_TCMALLOC_CPU_STEP_BUDGET = 5400
 
 # ------------------------------------------------------------------------------------------------ a new model
