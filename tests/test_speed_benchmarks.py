@@ -290,3 +290,29 @@ def test_training_loss_alternates_train_py_s_loss_and_the_model_s_own_in_train_p
         assert all(run["tokens_per_second"] > 0 and run["timed_steps"] == 6 - 2 for run in row.values())
     assert len(results["summary"]["speedups"]) == 2
     assert "median" in (tmp_path / "l.md").read_text()
+
+
+def test_bench_speed_checks_the_goals_in_every_precision_and_refuses_a_report_without_fp32(capsys):
+    import bench_speed
+
+    def measured(ours: float, marian: float, mfu: float = 0.3) -> dict:
+        return {bench_speed.OURS: {"tokens_per_s": ours, "mfu": mfu}, bench_speed.MARIAN: {"tokens_per_s": marian}}
+
+    def precision(training: tuple, greedy: tuple) -> dict:
+        return {"training": measured(*training), "generation": {"greedy_b1": measured(*greedy),
+                                                                "greedy_b32": measured(*greedy)}}
+
+    figures = precision((100, 90), (150, 100))
+    figures["bf16"] = precision((140, 100), (250, 100))
+    rows = {row["target"]: row for row in bench_speed.targets(
+        {"settings": {"precisions": ["fp32", "bf16"]}, "presets": {"small": figures}})}
+    assert rows["[small] training tokens/s >= 1.3x MarianMT"]["met"] is False
+    assert rows["[small] bf16 training tokens/s >= 1.3x MarianMT"]["value"] == "1.40x"
+    assert rows["[small] bf16 training tokens/s >= 1.3x MarianMT"]["met"] is True
+    assert rows["[small] bf16 greedy b32 tokens/s >= 2x MarianMT"]["met"] is True
+    assert rows["[small] greedy b32 tokens/s >= 2x MarianMT"]["met"] is False
+
+    assert bench_speed.parse_arguments(["--precisions", "bf16", "fp32", "bf16"]).precisions == ["fp32", "bf16"]
+    with pytest.raises(SystemExit):
+        bench_speed.parse_arguments(["--precisions", "bf16"])
+    assert "add fp32 (--precisions fp32 bf16)" in capsys.readouterr().err
