@@ -113,23 +113,26 @@ def batch_rule() -> str:
 # that was measured to pay: AVX-512 BF16 (an AMD EPYC: 1.20x the training tokens/s in whole runs, validation BLEU
 # within a seed's noise of fp32 at the same steps) and AMX (an Intel Xeon: 1.15x per step at 2 threads idle, 1.24x at
 # 1 thread, 1.25x at 1 thread with the other core busy); in fp32 elsewhere, where bf16 is emulated. bf16 on such a
-# CPU gives the run-length rule 1.2x the steps in about the same time: 4,320 steps reached validation BLEU 22.42 /
-# 21.84 (seeds 42 / 7) where fp32's 3,600 had 21.31 / 21.38 on the EPYC, and 22.75 where fp32's 3,600 had 20.48 on
-# the Xeon (benchmarks/results/recipe_ablation.md, stage 4).
-BF16_CPU_STEP_BUDGET = 4320
+# CPU gives the run-length rule more steps in about the same time: 4,320 steps reached validation BLEU 22.42 / 21.84
+# (seeds 42 / 7) where fp32's 3,600 had 21.31 / 21.38 on the EPYC, and 22.75 where fp32's 3,600 had 20.48 on the Xeon
+# (benchmarks/results/recipe_ablation.md, stage 4). 5,040 since train.py's loss (training/loss.py) made its steps
+# 1.17x faster on glibc's malloc: about the minutes 4,320 took before, and on the shipped corpus validation BLEU
+# 25.02 / 25.19 where 4,320 reached 23.72 / 24.16 (test BLEU 28.43 / 28.60 greedy, 30.99 / 31.01 beam 4, against
+# 26.79 / 27.33 and 29.10 / 29.68; seeds 42 / 7, an AMD EPYC: docs/training.md, "The step budget with the faster loss").
+BF16_CPU_STEP_BUDGET = 5040
 # ... for a new model at least this wide: the `tiny` preset (width 64) trained 0.76x as fast in bf16 on the EPYC and
 # 0.62x on the Xeon (casts outweigh its small matrix products); `small` (256) 1.27x / 1.15x and `base` (512) 1.75x /
 # 1.48x at 2 threads (benchmarks/results/cpu_precision*.md). A model given to --model_name_or_path keeps fp32 unless
 # --bf16.
 BF16_CPU_MIN_WIDTH = 256
 # The bf16 budget where the process runs on tcmalloc (memory_allocator.py; train.py preloads it where the machine has
-# it): 1.25x BF16_CPU_STEP_BUDGET, as tcmalloc's steps were 1.20-1.28x faster than glibc's malloc's
-# (benchmarks/results/memory_allocator.md), so the same minutes buy more steps. On the Xeon, 5,400 steps on tcmalloc
-# took 22.6 / 24.3 min (seeds 42 / 7), where 4,320 on glibc's malloc took 24.7 / 27.5, and reached validation BLEU
-# 24.25 / 24.41 where those had 23.61 / 23.44 (test BLEU beam 4: 30.52 / 30.50 against 29.08 / 29.67); a fresh clone
-# took 25.2 min at a slower moment of the same VM (docs/training.md, "The step budget on tcmalloc"). Measured with the
-# model's own loss; train.py's (training/loss.py) made steps 1.17x faster on glibc's malloc and 1.07x on tcmalloc
-# (an AMD EPYC), where tcmalloc's steps are now 1.07-1.12x glibc's: both budgets were kept, so runs end sooner.
+# it): 5,400, 1.25x the 4,320 glibc's malloc then had, as tcmalloc's steps were 1.20-1.28x faster than glibc's
+# malloc's (benchmarks/results/memory_allocator.md), so the same minutes buy more steps. On the Xeon, 5,400 steps on
+# tcmalloc took 22.6 / 24.3 min (seeds 42 / 7), where 4,320 on glibc's malloc took 24.7 / 27.5, and reached
+# validation BLEU 24.25 / 24.41 where those had 23.61 / 23.44 (test BLEU beam 4: 30.52 / 30.50 against 29.08 /
+# 29.67); a fresh clone took 25.2 min at a slower moment of the same VM (docs/training.md, "The step budget on
+# tcmalloc"). With train.py's loss (training/loss.py) tcmalloc's steps are 1.07-1.12x glibc's (an AMD EPYC), about
+# 5,400 over glibc's 5,040 (1.07x): the budget was kept.
 BF16_TCMALLOC_CPU_STEP_BUDGET = 5400
 
 # ------------------------------------------------------------------------------------------------ a new model
