@@ -330,6 +330,22 @@ def test_readme_and_the_training_guide_name_the_default_vocabulary():
     assert f"(`--tokenizer_vocab_size`, default {size};" in guide
 
 
+def test_readme_and_the_training_guide_state_the_step_budgets():
+    """The run-length rule's budgets as README (its recipe and "How long it trains") and docs/training.md's run-length
+    paragraph state them: a changed budget fails here until both say it."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    guide = " ".join((REPO / "docs" / "training.md").read_text(encoding="utf-8").split())
+    default, bf16, tcmalloc = (f"{budget:,}" for budget in (DEFAULT_STEP_BUDGET, BF16_CPU_STEP_BUDGET,
+                                                             BF16_TCMALLOC_CPU_STEP_BUDGET))
+    assert f"the tokens of {bf16} steps of 1,024 tokens, of {tcmalloc} where train.py runs on tcmalloc" in readme
+    assert f"at most the tokens of {default} optimiser steps of 1,024 tokens" in readme
+    assert f"({bf16} where it trains in bf16 on a CPU with AVX-512 BF16 or AMX" in readme
+    assert f"{tcmalloc} there on tcmalloc" in readme
+    assert f"at most the tokens of **{default} steps**" in guide
+    assert f"**{bf16}** in bf16 on a CPU with AVX-512 BF16 or AMX, `BF16_CPU_STEP_BUDGET`" in guide
+    assert f"**{tcmalloc}** there when the process runs on tcmalloc, `BF16_TCMALLOC_CPU_STEP_BUDGET`" in guide
+
+
 # ------------------------------------------------------------------------------------------------ the batch
 
 
