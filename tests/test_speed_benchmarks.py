@@ -292,6 +292,39 @@ def test_training_loss_alternates_train_py_s_loss_and_the_model_s_own_in_train_p
     assert "median" in (tmp_path / "l.md").read_text()
 
 
+def test_training_attention_alternates_the_written_out_formula_and_sdpa_in_fp32_in_bf16_train_py_runs(tmp_path,
+                                                                                                     monkeypatch):
+    """Tiny bf16 train.py runs through the benchmark: each round runs both variants, the fp32 kernel really in its
+    runs only (counted: 3 attentions a layer's forward), from the same first loss, and the model gets its own
+    attention back after the runs."""
+    import training_attention
+
+    from hf_scratch_transformer.modeling_scratch_transformer import MultiHeadAttention
+
+    written_out, sdpa_in_fp32, calls = MultiHeadAttention.attention_function, training_attention.sdpa_in_fp32, []
+
+    def counted(module, query, *args, **kwargs):
+        calls.append(query.dtype)
+        return sdpa_in_fp32(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(training_attention, "sdpa_in_fp32", counted)
+    threads = torch.get_num_threads()
+    results = training_attention.main(["--in_process", "--steps", "4", "--warmup", "1", "--rounds", "2",
+                                       "--cpu_threads", "1", "--output", str(tmp_path / "a.json"), "--bf16", "true",
+                                       "--preset", "tiny", "--max_train_samples", "400", "--tokenizer_vocab_size",
+                                       "600"])
+    torch.set_num_threads(threads)
+    assert MultiHeadAttention.attention_function is written_out
+    layers = 2 + 2 * 2  # tiny: 2 encoder layers, 2 decoder layers (self- and cross-attention)
+    assert calls == [torch.bfloat16] * (layers * 4 * 2)  # 4 batches a run, 2 runs of the fp32 kernel
+    names = list(training_attention.VARIANTS)
+    assert [list(row) for row in results["rounds"]] == [names, names[::-1]]
+    for row in results["rounds"]:
+        first = row[names[0]]["first_batch_loss"]
+        assert row[names[1]]["first_batch_loss"] == pytest.approx(first, abs=0.02)  # bf16 rounding only
+    assert len(results["summary"]["speedups"]) == 2 and "median" in (tmp_path / "a.md").read_text()
+
+
 def test_bench_speed_checks_the_goals_in_every_precision_and_refuses_a_report_without_fp32(capsys):
     import bench_speed
 
