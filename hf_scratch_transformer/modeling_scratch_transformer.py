@@ -111,7 +111,7 @@ def eager_attention_forward(
     scores = torch.matmul(query, key.transpose(-2, -1)) * scaling  # (B, H, T, K)
     if attention_mask is not None:
         scores = scores + attention_mask[..., : key.shape[-2]]
-    weights = scores.softmax(dim=-1)
+    weights = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)  # the sums in fp32 whatever the dtype
     output = torch.matmul(F.dropout(weights, p=dropout, training=module.training), value)  # (B, H, T, Dh)
     return output.transpose(1, 2).contiguous(), weights
 
@@ -131,7 +131,7 @@ def additive_mask(sdpa_mask: torch.Tensor | None, is_causal: bool, query: torch.
     if sdpa_mask.dtype != torch.bool:
         return sdpa_mask
     lowest = torch.finfo(torch.float32).min
-    return torch.zeros(sdpa_mask.shape, device=sdpa_mask.device).masked_fill_(~sdpa_mask, lowest)
+    return torch.zeros(sdpa_mask.shape, device=query.device).masked_fill_(~sdpa_mask, lowest)
 
 
 class MultiHeadAttention(nn.Module):

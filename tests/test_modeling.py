@@ -375,6 +375,9 @@ def test_bf16_training_on_a_cpu_writes_attention_out_with_sdpas_masks_and_bf16_i
     with torch.no_grad():
         reference = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
     assert abs(loss.item() - reference.item()) < 0.05  # bf16 rounding only
+    bf16_weights = ScratchTransformerForConditionalGeneration(tiny_config).to(torch.bfloat16)  # no autocast
+    bf16_weights(input_ids=source, attention_mask=source_mask, labels=labels).loss.backward()
+    assert bf16_weights.model.encoder.layers[0].self_attn.q_proj.weight.grad.dtype == torch.bfloat16
 
 
 def test_sdpa_masks_become_the_additive_masks_of_the_written_out_formula():
