@@ -17,6 +17,7 @@ Dh = D / H head width, F feed-forward width, V vocabulary. Tensors are (B, L, D)
 
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Unpack
 
 import torch
@@ -111,27 +112,9 @@ def eager_attention_forward(
     scores = torch.matmul(query, key.transpose(-2, -1)) * scaling  # (B, H, T, K)
     if attention_mask is not None:
         scores = scores + attention_mask[..., : key.shape[-2]]
-    weights = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)  # the sums in fp32 whatever the dtype
+    weights = scores.softmax(dim=-1)
     output = torch.matmul(F.dropout(weights, p=dropout, training=module.training), value)  # (B, H, T, Dh)
     return output.transpose(1, 2).contiguous(), weights
-
-
-def additive_mask(sdpa_mask: torch.Tensor | None, is_causal: bool, query: torch.Tensor,
-                  key: torch.Tensor) -> torch.Tensor | None:
-    """An "sdpa" mask as `eager_attention_forward` takes it: (B or 1, 1, T, K) to add to the scores, fp32.
-
-    sdpa's masks are boolean (True: may attend) or already additive; None means no mask, or, for a causal attention
-    over several queries, the causal mask sdpa's kernel applies itself (`is_causal`: query i sees keys 0 to i).
-    """
-    if sdpa_mask is None:
-        queries, keys = query.shape[-2], key.shape[-2]
-        if not (is_causal and queries > 1):
-            return None
-        sdpa_mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril()[None, None]
-    if sdpa_mask.dtype != torch.bool:
-        return sdpa_mask
-    lowest = torch.finfo(torch.float32).min
-    return torch.zeros(sdpa_mask.shape, device=query.device).masked_fill_(~sdpa_mask, lowest)
 
 
 class MultiHeadAttention(nn.Module):
@@ -194,26 +177,22 @@ class MultiHeadAttention(nn.Module):
                 if self.is_cross_attention:
                     cache.is_updated[self.layer_idx] = True
 
-        attention, attention_mask = self.attention_function(query, key, attention_mask)
-        output, weights = attention(
-            self, query, key, value, attention_mask,
-            dropout=self.dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
-        )  # (B, T, H, Dh)
-        return self.out_proj(output.reshape(batch_size, length, -1)), weights
-
-    def attention_function(self, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None
-                           ) -> tuple[Callable, torch.Tensor | None]:
-        """The attention interface's function for `config._attn_implementation`, and the mask it takes.
-
-        One exception: training in bf16 on a CPU, "sdpa" is written out (`eager_attention_forward`, its products in
-        bf16 under autocast, the softmax in fp32). torch's CPU kernels of scaled_dot_product_attention run their
-        backward 5-6x slower in bf16 than in fp32 (torch 2.13; benchmarks/results/attention_bf16_cpu.md), and in
-        fp32 the step trained slower than with the formula written out (benchmarks/results/training_attention.md).
-        """
-        implementation = self.config._attn_implementation
-        if implementation == "sdpa" and query.dtype == torch.bfloat16 and query.is_cpu and torch.is_grad_enabled():
-            return eager_attention_forward, additive_mask(attention_mask, self.is_causal, query, key)
-        return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward), attention_mask
+        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        dtype = query.dtype
+        in_fp32 = dtype == torch.bfloat16 and query.is_cpu and torch.is_grad_enabled()
+        if in_fp32:
+            # torch's CPU kernel of scaled_dot_product_attention runs its backward 5-6x slower in bf16 than in fp32
+            # (torch 2.13; benchmarks/results/attention_bf16_cpu.md): when training in bf16 on a CPU, attend in fp32
+            # (autocast, which would cast the inputs back to bf16, is paused for the call).
+            query, key, value = query.float(), key.float(), value.float()
+        with torch.autocast("cpu", enabled=False) if in_fp32 else nullcontext():
+            output, weights = attention(
+                self, query, key, value, attention_mask,
+                dropout=self.dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
+            )  # (B, T, H, Dh)
+        return self.out_proj(output.to(dtype).reshape(batch_size, length, -1)), weights
 
 
 class PositionwiseFeedForward(nn.Module):

@@ -12,11 +12,7 @@ from hf_scratch_transformer import (
     ScratchTransformerModel,
 )
 from hf_scratch_transformer import modeling_scratch_transformer as modeling
-from hf_scratch_transformer.modeling_scratch_transformer import (
-    SinusoidalPositionalEncoding,
-    additive_mask,
-    shift_tokens_right,
-)
+from hf_scratch_transformer.modeling_scratch_transformer import SinusoidalPositionalEncoding, shift_tokens_right
 
 SOURCE = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 12, 2, 0, 0]])
 SOURCE_MASK = (SOURCE != 0).long()
@@ -339,56 +335,19 @@ class _AttentionDtypes(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_bf16_training_on_a_cpu_writes_attention_out_with_sdpas_masks_and_bf16_inference_uses_the_kernel(tiny_config):
-    """torch's CPU attention kernels are slow in bf16 training: under bf16 autocast a training forward of the "sdpa"
-    model runs the formula written out (no kernel call), with the masks sdpa would have applied: a padded source
-    position and a later target token change nothing, the causal mask included where sdpa passes none (no padding
-    in the decoder input); its loss stays the fp32 model's. Inference keeps the bf16 kernel."""
+def test_bf16_training_on_a_cpu_attends_in_fp32_and_bf16_inference_in_bf16(tiny_config):
+    """torch's CPU attention kernel is 5-6x slower backwards in bf16: under bf16 autocast a training forward attends
+    in fp32 (and its loss stays that of the model), inference keeps bf16."""
     model = ScratchTransformerForConditionalGeneration(tiny_config)
-    assert model.config._attn_implementation == "sdpa"
     source, labels = torch.randint(4, 99, (3, 7)), torch.randint(4, 99, (3, 5))
-    source_mask = torch.ones_like(source)
-    source_mask[0, 5:] = 0  # the first source is padded
-
-    def logits(input_ids, decoder_input_ids):
-        return model(input_ids=input_ids, attention_mask=source_mask, decoder_input_ids=decoder_input_ids).logits
-
-    decoder_input = model.prepare_decoder_input_ids_from_labels(labels)
     with _AttentionDtypes() as training, torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
-        before = logits(source, decoder_input)
-        later_token_changed = decoder_input.clone()
-        later_token_changed[:, -1] = 98
-        padding_changed = source.clone()
-        padding_changed[0, 5:] = 97
-        after_later_token = logits(source, later_token_changed)
-        after_padding = logits(padding_changed, decoder_input)
+        loss = model(input_ids=source, labels=labels).loss
     loss.backward()
-    assert training.seen == [] and before.requires_grad
-    assert torch.equal(after_later_token[:, :-1], before[:, :-1]) and not torch.equal(after_later_token, before)
-    assert torch.equal(after_padding, before)
     with _AttentionDtypes() as inference, torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        model(input_ids=source, attention_mask=source_mask, labels=labels)
+        model(input_ids=source, labels=labels)
     layers = tiny_config.encoder_layers + 2 * tiny_config.decoder_layers
-    assert inference.seen == [torch.bfloat16] * layers
+    assert training.seen == [torch.float32] * layers and inference.seen == [torch.bfloat16] * layers
     assert model.model.encoder.layers[0].self_attn.q_proj.weight.grad is not None
     with torch.no_grad():
-        reference = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
+        reference = model(input_ids=source, labels=labels).loss
     assert abs(loss.item() - reference.item()) < 0.05  # bf16 rounding only
-    bf16_weights = ScratchTransformerForConditionalGeneration(tiny_config).to(torch.bfloat16)  # no autocast
-    bf16_weights(input_ids=source, attention_mask=source_mask, labels=labels).loss.backward()
-    assert bf16_weights.model.encoder.layers[0].self_attn.q_proj.weight.grad.dtype == torch.bfloat16
-
-
-def test_sdpa_masks_become_the_additive_masks_of_the_written_out_formula():
-    """`additive_mask`: a boolean sdpa mask becomes 0 / the lowest fp32 value, an additive one is kept, None stays
-    None where nothing is masked, and a causal attention over several queries gets sdpa's `is_causal` mask."""
-    query, key = torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4)
-    lowest = torch.finfo(torch.float32).min
-    boolean = torch.tensor([[True, True, False]]).expand(3, 3)[None, None]
-    assert torch.equal(additive_mask(boolean, False, query, key)[0, 0, 0], torch.tensor([0.0, 0.0, lowest]))
-    additive = torch.zeros(1, 1, 3, 3)
-    assert additive_mask(additive, True, query, key) is additive
-    assert additive_mask(None, False, query, key) is None and additive_mask(None, True, query[:, :, :1], key) is None
-    causal = additive_mask(None, True, query, key)[0, 0]
-    assert torch.equal(causal == 0, torch.tensor([[True, False, False], [True, True, False], [True, True, True]]))

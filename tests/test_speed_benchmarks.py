@@ -294,35 +294,65 @@ def test_training_loss_alternates_train_py_s_loss_and_the_model_s_own_in_train_p
 
 def test_training_attention_alternates_the_written_out_formula_and_sdpa_in_fp32_in_bf16_train_py_runs(tmp_path,
                                                                                                      monkeypatch):
-    """Tiny bf16 train.py runs through the benchmark: each round runs both variants, the fp32 kernel really in its
-    runs only (counted: 3 attentions a layer's forward), from the same first loss, and the model gets its own
-    attention back after the runs."""
+    """Tiny bf16 train.py runs through the benchmark: each round runs both variants, the written-out formula really in
+    its runs only (counted: 3 attentions a layer, bf16 products), from the same first loss to bf16 rounding, and the
+    model gets its own attention back after the runs."""
     import training_attention
 
     from hf_scratch_transformer.modeling_scratch_transformer import MultiHeadAttention
 
-    written_out, sdpa_in_fp32, calls = MultiHeadAttention.attention_function, training_attention.sdpa_in_fp32, []
+    forward, formula, calls = MultiHeadAttention.forward, training_attention.eager_attention_forward, []
 
     def counted(module, query, *args, **kwargs):
         calls.append(query.dtype)
-        return sdpa_in_fp32(module, query, *args, **kwargs)
+        return formula(module, query, *args, **kwargs)
 
-    monkeypatch.setattr(training_attention, "sdpa_in_fp32", counted)
+    monkeypatch.setattr(training_attention, "eager_attention_forward", counted)
     threads = torch.get_num_threads()
     results = training_attention.main(["--in_process", "--steps", "4", "--warmup", "1", "--rounds", "2",
                                        "--cpu_threads", "1", "--output", str(tmp_path / "a.json"), "--bf16", "true",
                                        "--preset", "tiny", "--max_train_samples", "400", "--tokenizer_vocab_size",
                                        "600"])
     torch.set_num_threads(threads)
-    assert MultiHeadAttention.attention_function is written_out
+    assert MultiHeadAttention.forward is forward
     layers = 2 + 2 * 2  # tiny: 2 encoder layers, 2 decoder layers (self- and cross-attention)
-    assert calls == [torch.bfloat16] * (layers * 4 * 2)  # 4 batches a run, 2 runs of the fp32 kernel
+    assert calls == [torch.bfloat16] * (layers * 4 * 2)  # 4 batches a run, 2 runs of the written-out formula
     names = list(training_attention.VARIANTS)
     assert [list(row) for row in results["rounds"]] == [names, names[::-1]]
     for row in results["rounds"]:
         first = row[names[0]]["first_batch_loss"]
         assert row[names[1]]["first_batch_loss"] == pytest.approx(first, abs=0.02)  # bf16 rounding only
     assert len(results["summary"]["speedups"]) == 2 and "median" in (tmp_path / "a.md").read_text()
+
+
+def test_training_attentions_written_out_variant_keeps_sdpas_masks(tiny_config):
+    """The tried variant computes what the model computes: under bf16 autocast, with a padded source and a decoder
+    input without padding (sdpa gets no causal mask then), a padded position and a later target token change nothing
+    and the loss is the model's to bf16 rounding."""
+    import training_attention
+
+    from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
+
+    model = ScratchTransformerForConditionalGeneration(tiny_config)
+    source, labels = torch.randint(4, 99, (3, 7)), torch.randint(4, 99, (3, 5))
+    source_mask = torch.ones_like(source)
+    source_mask[0, 5:] = 0
+    decoder_input = model.prepare_decoder_input_ids_from_labels(labels)
+    later, padding = decoder_input.clone(), source.clone()
+    later[:, -1], padding[0, 5:] = 98, 97
+
+    def logits(input_ids, decoder_input_ids):
+        return model(input_ids=input_ids, attention_mask=source_mask, decoder_input_ids=decoder_input_ids).logits
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reference = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
+        with training_attention.written_out():
+            loss = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
+            before, after_later, after_padding = logits(source, decoder_input), logits(source, later), logits(
+                padding, decoder_input)
+    assert torch.equal(after_later[:, :-1], before[:, :-1]) and not torch.equal(after_later, before)
+    assert torch.equal(after_padding, before)
+    assert abs(loss.item() - reference.item()) < 0.05 and loss.item() != reference.item()
 
 
 def test_bench_speed_checks_the_goals_in_every_precision_and_refuses_a_report_without_fp32(capsys):
