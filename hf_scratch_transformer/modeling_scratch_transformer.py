@@ -185,7 +185,8 @@ class MultiHeadAttention(nn.Module):
         if in_fp32:
             # torch's CPU kernel of scaled_dot_product_attention runs its backward 5-6x slower in bf16 than in fp32
             # (torch 2.13; benchmarks/results/attention_bf16_cpu.md): when training in bf16 on a CPU, attend in fp32
-            # (autocast, which would cast the inputs back to bf16, is paused for the call).
+            # (autocast, which would cast the inputs back to bf16, is paused for the call). The formula written out
+            # with bf16 products trained no faster in train.py's loop (benchmarks/results/training_attention.md).
             query, key, value = query.float(), key.float(), value.float()
         with torch.autocast("cpu", enabled=False) if in_fp32 else nullcontext():
             output, weights = attention(
