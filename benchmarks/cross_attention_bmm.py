@@ -9,7 +9,7 @@ projected once per source. From `decoding.BMM_CROSS_ATTENTION_MIN_SOURCES` sourc
 that attention as two batched matrix products (`LayerState.cross_attention_by_bmm`), below it calls the fused
 kernel. This script times both through `generate()` (the package's loops) on bench_speed.py's random weights and
 batches (`common.build_pair`, `common.random_batch`), in fp32 and in int8 as `--dtype int8` loads it
-(`translate.int8_encoder_dtype`), greedy and beam 4:
+(`translate.decoding_encoder_dtype`), greedy and beam 4:
 
 - `bmm`: cross-attention by the two products at every batch size;
 - `fused`: cross-attention by `scaled_dot_product_attention` at every batch size.
@@ -30,7 +30,7 @@ from common import build_pair, decoding_benchmark_parser, git_commit, loadavg, m
     paired_ratios, random_batch, run_generate, time_alternating, write_results
 
 from hf_scratch_transformer import decoding
-from hf_scratch_transformer.translation.translate import int8_encoder_dtype
+from hf_scratch_transformer.translation.translate import decoding_encoder_dtype
 
 VARIANTS = ("bmm", "fused")
 
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
     models = {"float32": ours}
     if "int8" in args.precisions:
         models["int8"] = copy.deepcopy(ours)
-        decoding.quantize_for_decoding(models["int8"], int8_encoder_dtype())
+        decoding.quantize_for_decoding(models["int8"], decoding_encoder_dtype())
 
     rng = np.random.default_rng(args.seed)
     cases = []

@@ -4,14 +4,19 @@ the CPU's limit).
     python benchmarks/decoding_precision.py            # small preset, batch 1 and 32, greedy and beam 4
     python benchmarks/decoding_precision.py --threads 1 --output benchmarks/results/decoding_precision_1thread.json
 
-Our model in the three precisions `load_model_and_tokenizer(..., dtype=...)` gives, through `generate()` (the
+Our model in the precisions `load_model_and_tokenizer(..., dtype=...)` gives, through `generate()` (the
 package's loops), on bench_speed.py's models and batches (`common.build_pair`: random weights, random sentence
 lengths), with MarianMT holding the same weights in fp32 (the speed goal's reference):
 
 - `float32`: the weights as train.py saves them;
 - `bfloat16`: the weights in bf16 (the loops attend in fp32 from `decoding.FP32_ATTENTION_MIN_SOURCES` sources);
+- `bfloat16_products`: fp32 weights, every matrix product of a decoding step in bf16 from
+  `decoding.BF16_PRODUCTS_MIN_ROWS` rows on and in fp32 below (`decoding.bf16_products_for_decoding`), the encoder in
+  bf16 on a CPU with bf16 units (`translate.decoding_encoder_dtype`); `--min_rows N ...` adds the same with bf16
+  from N rows on, as `bfloat16_products@N`, to choose that threshold, and `--unpacked` the same with plain bf16
+  copies of the weights (`F.linear`) in place of oneDNN's prepacked ones, as `bfloat16_products_unpacked`;
 - `int8`: fp32 weights, every matrix product of a decoding step in int8 (`decoding.quantize_for_decoding`), the
-  encoder in bf16 on a CPU with bf16 units (`translate.int8_encoder_dtype`).
+  encoder as in `bfloat16_products`.
 
 `--new_tokens` new tokens a sentence (end tokens not honoured, so every variant does the same steps whatever its
 roundings choose), one warm-up call each, then `--rounds` calls of each variant, alternated (the order reversed every
@@ -29,26 +34,44 @@ import torch
 from common import build_pair, decoding_benchmark_parser, git_commit, loadavg, machine_info, machine_line, \
     random_batch, run_generate, write_results
 
-from hf_scratch_transformer.decoding import quantize_for_decoding
-from hf_scratch_transformer.translation.translate import inference_precision, int8_encoder_dtype
+from hf_scratch_transformer.decoding import bf16_products_for_decoding, quantize_for_decoding
+from hf_scratch_transformer.translation.translate import inference_precision, decoding_encoder_dtype
 
-VARIANTS = ("float32", "bfloat16", "int8", "MarianMT fp32")
+MARIAN = "MarianMT fp32"
 
 
-def our_variants(ours) -> dict:
-    """Our model as each `--dtype` loads it."""
-    int8 = copy.deepcopy(ours)
-    quantize_for_decoding(int8, int8_encoder_dtype())
-    return {"float32": ours, "bfloat16": copy.deepcopy(ours).to(torch.bfloat16), "int8": int8}
+def our_variants(ours, min_rows: list[int] = (), unpacked: bool = False) -> dict:
+    """Our model as each `--dtype` loads it; bfloat16_products also with bf16 from each of `min_rows` rows on, and
+    with `unpacked` with plain bf16 weights."""
+    variants = {"float32": ours, "bfloat16": copy.deepcopy(ours).to(torch.bfloat16)}
+    for rows in [None, *min_rows, *(["unpacked"] if unpacked else [])]:
+        products = copy.deepcopy(ours)
+        bf16_products_for_decoding(products, decoding_encoder_dtype())
+        for product in [products.decoding_weights.output_projection,
+                        *(p for layer in products.decoding_weights.decoder_layers for p in layer.values())]:
+            if rows == "unpacked":
+                product.packed_weight, product.bf16_weight = None, product.weight.bfloat16()
+            elif rows is not None:
+                product.min_rows = rows
+        name = {None: "bfloat16_products", "unpacked": "bfloat16_products_unpacked"}.get(rows)
+        variants[name or f"bfloat16_products@{rows}"] = products
+    variants["int8"] = copy.deepcopy(ours)
+    quantize_for_decoding(variants["int8"], decoding_encoder_dtype())
+    return variants
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = decoding_benchmark_parser(__doc__, [1, 32], "decoding_precision.json")
+    parser.add_argument("--min_rows", type=int, nargs="*", default=[],
+                        help="also bfloat16_products with bf16 from each of these rows on")
+    parser.add_argument("--unpacked", action="store_true",
+                        help="also bfloat16_products with plain bf16 weights, not oneDNN's prepacked ones")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     load_before = loadavg()
     ours, marian = build_pair(args.preset, args.seed)
-    models = {**our_variants(ours.eval()), "MarianMT fp32": marian.eval()}
+    models = {**our_variants(ours.eval(), args.min_rows, args.unpacked), MARIAN: marian.eval()}
+    variants = list(models)
 
     def call(variant: str, batch: dict, beams: int) -> float:
         started = time.perf_counter()
@@ -60,21 +83,22 @@ def main(argv: list[str] | None = None) -> dict:
     for batch_size in args.batch_sizes:
         batch = random_batch(rng, batch_size)
         for beams in args.beams:
-            for variant in VARIANTS:  # warm-up
+            for variant in variants:  # warm-up
                 call(variant, batch, beams)
-            seconds = {variant: [] for variant in VARIANTS}
+            seconds = {variant: [] for variant in variants}
             for round_ in range(args.rounds):
-                for variant in (VARIANTS if round_ % 2 == 0 else VARIANTS[::-1]):
+                for variant in (variants if round_ % 2 == 0 else variants[::-1]):
                     seconds[variant].append(call(variant, batch, beams))
             new_tokens = batch_size * args.new_tokens
             cases.append({
                 "batch_size": batch_size, "beams": beams, "source_tokens": int(batch["input_ids"].shape[1]),
                 "us_per_new_token": {variant: 1e6 * statistics.median(times) / new_tokens
                                      for variant, times in seconds.items()},
-                "over_marian": {variant: statistics.median(m / o for m, o in zip(seconds["MarianMT fp32"], times))
-                                for variant, times in seconds.items() if variant != "MarianMT fp32"},
+                "over_marian": {variant: statistics.median(m / o for m, o in zip(seconds[MARIAN], times))
+                                for variant, times in seconds.items() if variant != MARIAN},
                 "seconds": seconds})
-    results = {"settings": vars(args), "machine": machine_info(args.threads), "commit": git_commit(),
+    results = {"settings": vars(args), "variants": variants, "machine": machine_info(args.threads),
+               "commit": git_commit(),
                "load_before": load_before, "load_after": loadavg(), "cases": cases,
                "auto_precision": inference_precision("cpu")}
     text = markdown(results, args)
@@ -84,7 +108,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def markdown(results: dict, args) -> str:
-    ours = VARIANTS[:3]
+    variants = results["variants"]
+    ours = [variant for variant in variants if variant != MARIAN]
     lines = ["# Decoding speed in each precision, against MarianMT fp32", "",
              f"{machine_line(results['machine'])} Load average {results['load_before']} before, "
              f"{results['load_after']} after.{' ' + args.note if args.note else ''}", "",
@@ -92,13 +117,13 @@ def markdown(results: dict, args) -> str:
              f"{args.new_tokens} new tokens a sentence (end tokens not honoured). Median of {args.rounds} calls per "
              f"variant, alternated; µs per new token (lower is faster), and speed over Marian's (the median of "
              f"adjacent calls' ratios). `--dtype auto` picks **{results['auto_precision']}** on this machine.", "",
-             "| batch | beams | " + " | ".join(f"{v} µs" for v in VARIANTS) + " | "
+             "| batch | beams | " + " | ".join(f"{v} µs" for v in variants) + " | "
              + " | ".join(f"{v} / Marian" for v in ours) + " |",
-             "|---:|---:|" + "---:|" * (len(VARIANTS) + len(ours))]
+             "|---:|---:|" + "---:|" * (len(variants) + len(ours))]
     for case in results["cases"]:
         times, speed = case["us_per_new_token"], case["over_marian"]
         lines.append(f"| {case['batch_size']} | {case['beams']} | "
-                     + " | ".join(f"{times[v]:.1f}" for v in VARIANTS) + " | "
+                     + " | ".join(f"{times[v]:.1f}" for v in variants) + " | "
                      + " | ".join(f"{speed[v]:.2f}×" for v in ours) + " |")
     return "\n".join(lines) + "\n"
 

@@ -1,11 +1,13 @@
 """bf16 and int8 inference on a CPU, against fp32: test BLEU and speed of a trained model, through the package's own
-translation path (translate_texts with the PyTorch backend), in five precisions: fp32; `bf16` (every generate()
+translation path (translate_texts with the PyTorch backend), in six precisions: fp32; `bf16` (every generate()
 call under torch.autocast("cpu", bfloat16), as train.py's bf16 evaluation runs it: fp32 weights cast at each matrix
 product); `bf16_weights` (the model's weights stored in bf16, `model.to(torch.bfloat16)`, as
 `from_pretrained(..., dtype=torch.bfloat16)` loads it: no casts; the decoding loops take the logits in fp32); `int8`
 (fp32 weights, the decoding loops' matrix products in int8, the encoder in bf16 on a CPU with bf16 units, as
 `load_model_and_tokenizer(..., dtype="int8")` loads it: `decoding.quantize_for_decoding`); `int8_fp32_encoder` (the
-same with the encoder in fp32 everywhere).
+same with the encoder in fp32 everywhere); `bf16_products` (fp32 weights, the decoding loops' matrix products in bf16
+from `decoding.BF16_PRODUCTS_MIN_ROWS` rows on and in fp32 below, the encoder as in `int8`, as
+`load_model_and_tokenizer(..., dtype="bfloat16_products")` loads it: `decoding.bf16_products_for_decoding`).
 
     python benchmarks/inference_precision.py --model outputs/scratch-small-en-es
     python benchmarks/inference_precision.py --model DIR --test_file benchmarks/work/corpora/games_en_ru/test.jsonl \
@@ -34,9 +36,10 @@ import real_text
 import sacrebleu
 import torch
 
+from hf_scratch_transformer import decoding
 from hf_scratch_transformer.cpu_threads import cpu_bf16_units
-from hf_scratch_transformer.decoding import quantize_for_decoding
-from hf_scratch_transformer.translation.translate import int8_encoder_dtype, load_model_and_tokenizer
+from hf_scratch_transformer.decoding import bf16_products_for_decoding, quantize_for_decoding
+from hf_scratch_transformer.translation.translate import decoding_encoder_dtype, load_model_and_tokenizer
 from hf_scratch_transformer.translation_core import DecodingOptions, TextOptions, TorchBackend, translate_texts
 
 
@@ -52,10 +55,11 @@ class PrecisionBackend(TorchBackend):
             return super().generate(*args, **kwargs)
 
 
-def int8_copy(model, encoder_dtype: torch.dtype):
-    """A copy of `model` whose decoding loops multiply in int8, its encoder in `encoder_dtype`."""
+def decoding_copy(model, copies, encoder_dtype: torch.dtype):
+    """A copy of `model` whose decoding loops multiply as `copies` (quantize_for_decoding or
+    bf16_products_for_decoding) makes them, its encoder in `encoder_dtype`."""
     copied = copy.deepcopy(model)
-    quantize_for_decoding(copied, encoder_dtype)
+    copies(copied, encoder_dtype)
     return copied
 
 
@@ -63,9 +67,12 @@ PRECISIONS = {"fp32": lambda model: PrecisionBackend(model, contextlib.nullconte
               "bf16": lambda model: PrecisionBackend(model, common.precision_context("bf16")),
               "bf16_weights": lambda model: PrecisionBackend(copy.deepcopy(model).to(torch.bfloat16),
                                                              contextlib.nullcontext),
-              "int8": lambda model: PrecisionBackend(int8_copy(model, int8_encoder_dtype()), contextlib.nullcontext),
-              "int8_fp32_encoder": lambda model: PrecisionBackend(int8_copy(model, torch.float32),
-                                                                  contextlib.nullcontext)}
+              "int8": lambda model: PrecisionBackend(
+                  decoding_copy(model, quantize_for_decoding, decoding_encoder_dtype()), contextlib.nullcontext),
+              "int8_fp32_encoder": lambda model: PrecisionBackend(
+                  decoding_copy(model, quantize_for_decoding, torch.float32), contextlib.nullcontext),
+              "bf16_products": lambda model: PrecisionBackend(
+                  decoding_copy(model, bf16_products_for_decoding, decoding_encoder_dtype()), contextlib.nullcontext)}
 
 
 def test_pairs(test_file: Path | None, source_lang: str) -> tuple[list[str], list[str]]:
@@ -129,7 +136,9 @@ def main(argv: list[str] | None = None) -> None:
              f"{machine['loadavg']}; bf16 units: {results['bf16_units']}. Model: `{args.model}`; test: "
              f"{results['test_file']} ({len(sources)} sentences). `bf16`: autocast over fp32 weights; `bf16_weights`: "
              f"the weights stored in bf16; `int8`: the decoding loops' products in int8, the encoder in "
-             f"{str(int8_encoder_dtype()).removeprefix('torch.')} (`int8_fp32_encoder`: in float32). Speed-up: the "
+             f"{str(decoding_encoder_dtype()).removeprefix('torch.')} (`int8_fp32_encoder`: in float32); "
+             f"`bf16_products`: the decoding loops' products in bf16 from {decoding.BF16_PRODUCTS_MIN_ROWS} rows on, the encoder as in "
+             f"`int8`. Speed-up: the "
              f"median of the fp32 time over the variant's time, paired with the fp32 run next to it.\n\n| | fp32 | "
              + " | ".join(compared) + " |\n|---|---:|" + "---:|" * len(compared)]
     for beams, label in ((1, "greedy"), (4, "beam 4")):

@@ -8,8 +8,9 @@ the self-attention keys and values of each new token are written into buffers al
 each step computes each layer's sublayers with `F.linear` / `F.layer_norm` on the layer's own parameters (pre- and
 post-norm alike) and `scaled_dot_product_attention`, as the model's default "sdpa" attention does. A model given
 int8 copies of its decoder's weights (`quantize_for_decoding`) computes the steps' matrix products in int8 (and may
-run its encoder in bf16). From a few sources on a CPU, cross-attention is two batched products instead of the fused
-kernel (`BMM_CROSS_ATTENTION_MIN_SOURCES`).
+run its encoder in bf16); one given bf16 copies (`bf16_products_for_decoding`) computes them in bf16 where a step has
+enough rows for that to pay, in fp32 where it has few. From a few sources on a CPU, cross-attention is two batched
+products instead of the fused kernel (`BMM_CROSS_ATTENTION_MIN_SOURCES`).
 
 `ScratchTransformerForConditionalGeneration.generate()` comes here when `plain_decoding` finds a call that asks for
 nothing else (greedy or beam search, no sampling, no logits processors but the minimum length, no streamer, no extra
@@ -149,12 +150,12 @@ def search(model, call: DecodingCall, max_new_tokens: torch.Tensor | None = None
 
 
 def encode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The encoder's output (B, S, D): from the model's encoder, or from int8 decoding's copy of it in another dtype
-    (`quantize_for_decoding`), back in fp32."""
-    int8 = getattr(model, "int8_weights", None)
-    if int8 is None or int8.encoder is None:
+    """The encoder's output (B, S, D): from the model's encoder, or from the decoding copies' encoder in another dtype
+    (`DecodingWeights`), back in fp32."""
+    copies = getattr(model, "decoding_weights", None)
+    if copies is None or copies.encoder is None:
         return model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    return int8.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.float()
+    return copies.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.float()
 
 
 @torch.no_grad()
@@ -179,10 +180,10 @@ def greedy_search(
     encoder_output = encode(model, input_ids, attention_mask)
     # the encoder mask for every query (B, 1, 1, S), True where a source token may be attended; None without padding
     source_mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
-    int8 = getattr(model, "int8_weights", None)
-    layers = [LayerState(layer, encoder_output, steps, products=int8 and int8.decoder_layers[index])
+    copies = getattr(model, "decoding_weights", None)
+    layers = [LayerState(layer, encoder_output, steps, products=copies and copies.decoder_layers[index])
               for index, layer in enumerate(decoder.layers)]
-    output_projection = int8.output_projection if int8 else model.lm_head
+    output_projection = copies.output_projection if copies else model.lm_head
     end_tokens = torch.tensor(eos_token_ids, device=device, dtype=torch.long)
 
     sequences = torch.full((batch_size, 1 + steps), pad_token_id, dtype=torch.long, device=device)
@@ -242,10 +243,10 @@ def beam_search(
     steps = int(bounds.max())
     encoder_output = encode(model, input_ids, attention_mask)
     source_mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
-    int8 = getattr(model, "int8_weights", None)
-    layers = [LayerState(layer, encoder_output, steps, num_beams, products=int8 and int8.decoder_layers[index])
+    copies = getattr(model, "decoding_weights", None)
+    layers = [LayerState(layer, encoder_output, steps, num_beams, products=copies and copies.decoder_layers[index])
               for index, layer in enumerate(decoder.layers)]
-    output_projection = int8.output_projection if int8 else model.lm_head
+    output_projection = copies.output_projection if copies else model.lm_head
     beams = Beams(batch_size, num_beams, steps, bounds, eos_token_ids, pad_token_id, decoder_start_token_id,
                   length_penalty, early_stopping)
     for step in range(steps):
@@ -396,33 +397,98 @@ class Int8Linear:
         return torch.addcmul(self.bias, products, row_scale * self.weight_scale).view(*inputs.shape[:-1], -1)
 
 
-@dataclass
-class Int8Weights:
-    """int8 copies of what a decoding step multiplies by: each decoder layer's six products (`step_products`) and the
-    output projection; and the encoder the loops run once per source: the model's own (fp32), or a copy in
-    `quantize_for_decoding`'s `encoder_dtype`. The encoder and the cross-attention keys and values stay out of int8:
-    there they cost test BLEU on every corpus tried (0.07-0.22, benchmarks/README.md), the step's products did not."""
+# rows (B·K new tokens) from which `Bf16Linear` multiplies in bf16: on a Xeon with AMX bf16 at every row (bf16 weights)
+# decoded greedy at batch 1 at 0.58x fp32's speed, and bf16 from 4 rows on beam 4 at batch 1 (4 rows) at 0.85x that of
+# bf16 from 8, 16 or 32 rows on, which were level within the noise at every batch size
+# (benchmarks/results/decoding_precision_amx.md)
+BF16_PRODUCTS_MIN_ROWS = 16
 
-    decoder_layers: list[dict[str, Int8Linear]]
-    output_projection: Int8Linear
+
+class Bf16Linear:
+    """x·Wᵀ + b: in bf16 from `min_rows` rows on, in fp32 below; (..., in) -> (..., out) in fp32.
+
+    Holds W in fp32 and a bf16 copy, the copy in oneDNN's blocked layout where torch's oneDNN offers it
+    (`torch.ops.mkldnn._reorder_linear_weight`, what inductor's CPU freezing does), so that no call reorders it: on a
+    Xeon with AMX that decoded greedy at batch 32 1.08x and beam 4 1.19x as fast as a plain bf16 copy. The bf16
+    product sums in fp32 and rounds its output to bf16, which returns in fp32.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, min_rows: int = BF16_PRODUCTS_MIN_ROWS):
+        self.min_rows = min_rows
+        self.weight = weight.detach().float()
+        self.bias = None if bias is None else bias.detach().float()
+        self.bf16_bias = None if bias is None else self.bias.bfloat16()
+        self.packed_weight = prepacked_bf16_weight(self.weight)  # None: torch's oneDNN cannot, F.linear then
+        self.bf16_weight = self.weight.bfloat16() if self.packed_weight is None else None
+
+    def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
+        rows = inputs.reshape(-1, inputs.shape[-1])  # (R, in)
+        if rows.shape[0] < self.min_rows:
+            return F.linear(inputs, self.weight, self.bias)
+        if self.packed_weight is None:
+            products = F.linear(rows.bfloat16(), self.bf16_weight, self.bf16_bias)
+        else:
+            products = torch.ops.mkldnn._linear_pointwise(rows.bfloat16(), self.packed_weight, self.bf16_bias,
+                                                          "none", [], "")
+        return products.float().view(*inputs.shape[:-1], -1)
+
+
+def prepacked_bf16_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """A bf16 copy of `weight` (out, in) in the layout oneDNN's bf16 product reads, or None where torch's oneDNN does
+    not offer it (a build without it, or a CPU without bf16 support), or it fails to run on a product of 32 rows."""
+    if not (weight.is_cpu and torch.backends.mkldnn.is_available()
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return None
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), 32)
+        probe = torch.zeros(32, weight.shape[1], dtype=torch.bfloat16)
+        torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], "")
+    except (RuntimeError, AttributeError, NotImplementedError):  # an op missing from this build, or refusing
+        return None
+    return packed
+
+
+@dataclass
+class DecodingWeights:
+    """Copies of what a decoding step multiplies by, for the loops: each decoder layer's six products
+    (`step_products`) and the output projection, as functions (`Int8Linear`, `Bf16Linear`); and the encoder the
+    loops run once per source: the model's own (None), or a copy in another dtype. The model's forward and
+    transformers' own `generate()` path never use them."""
+
+    decoder_layers: list[dict[str, Callable[[torch.Tensor], torch.Tensor]]]
+    output_projection: Callable[[torch.Tensor], torch.Tensor]
     encoder: torch.nn.Module | None = None  # None: the model's own
+
+
+def decoding_copies(model, product: type, encoder_dtype: torch.dtype, what: str) -> DecodingWeights:
+    """`DecodingWeights` of `product` copies (`Int8Linear` or `Bf16Linear`) of an fp32 model on a CPU, its encoder
+    copied to `encoder_dtype` unless that is fp32; `what` names the precision in a refusal."""
+    if model.dtype != torch.float32 or model.device.type != "cpu":
+        raise ValueError(f"{what} decoding copies fp32 weights on a CPU, not {model.dtype} on {model.device}")
+    if encoder_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"the encoder of {what} decoding runs in torch.float32 or torch.bfloat16, not {encoder_dtype}")
+    encoder = None if encoder_dtype == torch.float32 else copy.deepcopy(model.get_encoder()).to(encoder_dtype)
+    return DecodingWeights([{name: product(*weights) for name, weights in step_products(layer).items()}
+                            for layer in model.model.decoder.layers],
+                           product(model.lm_head.weight, model.lm_head.bias), encoder)
 
 
 def quantize_for_decoding(model, encoder_dtype: torch.dtype = torch.float32) -> None:
     """Make the loops (greedy and beam search: `generate()`'s plain calls and the translation backend) compute a
-    decoding step's matrix products in int8 (`Int8Weights`), for inference on a CPU, and run the encoder in
+    decoding step's matrix products in int8 (`Int8Linear`), for inference on a CPU, and run the encoder in
     `encoder_dtype` (bf16 halves its time on a CPU with bf16 units and kept test BLEU; its output returns to fp32).
-    The copies are made once, now: a model whose weights then change (training, loading others) must be quantized
-    again. The model's forward and transformers' own `generate()` path still use its fp32 weights."""
-    if model.dtype != torch.float32 or model.device.type != "cpu":
-        raise ValueError(f"int8 decoding quantizes fp32 weights on a CPU, not {model.dtype} on {model.device}")
-    if encoder_dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"the encoder of int8 decoding runs in torch.float32 or torch.bfloat16, not {encoder_dtype}")
-    encoder = None if encoder_dtype == torch.float32 else copy.deepcopy(model.get_encoder()).to(encoder_dtype)
-    model.int8_weights = Int8Weights(
-        [{name: Int8Linear(*weights) for name, weights in step_products(layer).items()}
-         for layer in model.model.decoder.layers],
-        Int8Linear(model.lm_head.weight, model.lm_head.bias), encoder)
+    The encoder and the cross-attention keys and values stay out of int8: there they cost test BLEU on every corpus
+    tried (0.07-0.22, benchmarks/README.md), the step's products did not. The copies are made once, now: a model whose
+    weights then change (training, loading others) must be quantized again. The model's forward and transformers'
+    own `generate()` path still use its fp32 weights."""
+    model.decoding_weights = decoding_copies(model, Int8Linear, encoder_dtype, "int8")
+
+
+def bf16_products_for_decoding(model, encoder_dtype: torch.dtype = torch.bfloat16) -> None:
+    """Make the loops compute a decoding step's matrix products in bf16 where the step has `BF16_PRODUCTS_MIN_ROWS`
+    rows or more and in fp32 where it has fewer (`Bf16Linear`), for inference on a CPU with bf16 units, and run the
+    encoder in `encoder_dtype`. Copies made once, now, as `quantize_for_decoding`'s."""
+    model.decoding_weights = decoding_copies(model, Bf16Linear, encoder_dtype, "bf16-products")
 
 
 # sources in a batch from which cross-attention is two batched products, not scaled_dot_product_attention: at 32
@@ -446,7 +512,7 @@ class LayerState:
     The step computes what the layer's forward computes in eval mode (post- or pre-norm, its activation) with
     `F.linear` / `F.layer_norm` on the layer's own parameters: calling the modules costs more than their arithmetic
     at one token per row (bench_speed: ~1.3x more tokens/s at batch 1 than calling them). `products` (one layer's
-    entry of `Int8Weights.decoder_layers`) replaces the step's six by functions of the same names.
+    entry of `DecodingWeights.decoder_layers`) replaces the step's six by functions of the same names.
     """
 
     def __init__(self, layer, encoder_output: torch.Tensor, steps: int, beams: int = 1,
@@ -456,7 +522,8 @@ class LayerState:
         self.heads, self.head_dim = self_attention.num_heads, self_attention.head_dim
         self.scaling = self_attention.scaling
         self.beams = beams
-        # each a function (B·K, 1, in) -> (B·K, 1, out): F.linear on the layer's weights or their int8 copy
+        # each a function (B·K, 1, in) -> (B·K, 1, out): F.linear on the layer's weights, or their copies
+        # (`DecodingWeights`)
         products = products or {name: partial(F.linear, weight=weight, bias=bias)
                                 for name, (weight, bias) in step_products(layer).items()}
         self.self_query_key_value, self.self_output = products["self_query_key_value"], products["self_output"]

@@ -16,10 +16,10 @@ from helpers import PAIRS_EN_ES, REPO, png_size, start_cli
 from tmpfs import small_tmpfs
 
 from hf_scratch_transformer import plotting
-from hf_scratch_transformer.decoding import quantize_for_decoding
+from hf_scratch_transformer.decoding import bf16_products_for_decoding, quantize_for_decoding
 from hf_scratch_transformer.documents import split_input
 from hf_scratch_transformer.translation import cli
-from hf_scratch_transformer.translation.translate import int8_encoder_dtype, translate
+from hf_scratch_transformer.translation.translate import decoding_encoder_dtype, translate
 from hf_scratch_transformer.translation_core import format_alignment, hard_alignment, text_alignment
 
 SOURCES = [source for source, _ in PAIRS_EN_ES]
@@ -535,19 +535,23 @@ def test_an_empty_model_name_is_one_line(capsys):
 
 
 def copy_in_precision(model, dtype: str):
-    """A copy of `model` as `--dtype bfloat16` or `--dtype int8` loads it."""
+    """A copy of `model` as `--dtype bfloat16`, `bfloat16_products` or `int8` loads it."""
     copied = copy.deepcopy(model)
     if dtype == "int8":
-        quantize_for_decoding(copied, int8_encoder_dtype())
+        quantize_for_decoding(copied, decoding_encoder_dtype())
+        return copied
+    if dtype == "bfloat16_products":
+        bf16_products_for_decoding(copied, decoding_encoder_dtype())
         return copied
     return copied.to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
-def test_dtype_bfloat16_or_int8_translates_as_the_api_on_a_copy_in_that_precision(trained_model, capsys, dtype):
-    """`--dtype bfloat16` loads the weights in bf16 and `--dtype int8` gives the decoding loops int8 copies of fp32
-    weights; the output is the API's on such a copy of the model (scores, confidence and alignment computed from its
-    weights, the decoding loops' scores in fp32)."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "bfloat16_products", "int8"])
+def test_dtype_bfloat16_bf16_products_or_int8_translates_as_the_api_on_a_copy_in_that_precision(trained_model, capsys,
+                                                                                              dtype):
+    """`--dtype bfloat16` loads the weights in bf16, `bfloat16_products` and `int8` give the decoding loops bf16 or
+    int8 copies of fp32 weights; the output is the API's on such a copy of the model (scores, confidence and
+    alignment computed from its weights, the decoding loops' scores in fp32)."""
     model, tokenizer, model_dir = trained_model
     texts = [SOURCES[0], "", SOURCES[3]]
     assert cli.main(["--model", str(model_dir), "--output_format", "jsonl", "--num_beams", "2", "--print_alignment",

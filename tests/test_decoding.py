@@ -388,7 +388,7 @@ def test_a_model_quantized_for_decoding_multiplies_in_int8_and_keeps_its_transla
     calls, encoders = [], []
     int_mm = torch._int_mm
     monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(tuple(b.shape)) or int_mm(a, b))
-    for encoder in {quantized.get_encoder(), quantized.int8_weights.encoder} - {None}:
+    for encoder in {quantized.get_encoder(), quantized.decoding_weights.encoder} - {None}:
         encoder.register_forward_hook(lambda module, args, kwargs, output: encoders.append(
             (module is quantized.get_encoder(), output.last_hidden_state.dtype)), with_kwargs=True)
     options = {"num_beams": num_beams, "max_new_tokens": 20}
@@ -407,9 +407,70 @@ def test_a_model_quantized_for_decoding_multiplies_in_int8_and_keeps_its_transla
     assert {parameter.dtype for parameter in quantized.parameters()} == {torch.float32}
 
 
-def test_quantize_for_decoding_refuses_weights_it_cannot_copy_to_int8(trained):
-    with pytest.raises(ValueError, match="int8 decoding quantizes fp32 weights on a CPU, not torch.bfloat16 on cpu"):
-        decoding.quantize_for_decoding(copy.deepcopy(trained).to(torch.bfloat16))
-    with pytest.raises(ValueError, match="encoder of int8 decoding runs in torch.float32 or torch.bfloat16, not "
+@pytest.mark.parametrize("copies, what", [(decoding.quantize_for_decoding, "int8"),
+                                          (decoding.bf16_products_for_decoding, "bf16-products")])
+def test_decoding_copies_refuse_weights_they_cannot_copy(trained, copies, what):
+    with pytest.raises(ValueError, match=f"{what} decoding copies fp32 weights on a CPU, not torch.bfloat16 on cpu"):
+        copies(copy.deepcopy(trained).to(torch.bfloat16))
+    with pytest.raises(ValueError, match=f"encoder of {what} decoding runs in torch.float32 or torch.bfloat16, not "
                                          "torch.float16"):
-        decoding.quantize_for_decoding(copy.deepcopy(trained), torch.float16)
+        copies(copy.deepcopy(trained), torch.float16)
+
+
+def test_a_bf16_product_is_the_fp32_one_below_sixteen_rows_and_bf16_from_there(monkeypatch):
+    """Bf16Linear: below BF16_PRODUCTS_MIN_ROWS rows exactly the fp32 product; from there the bf16 product (inputs,
+    weights and bias rounded to bf16) returned in fp32, from oneDNN's prepacked copy of the weights where this torch
+    offers one, else from F.linear on a plain bf16 copy, which computes the same."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(48, 32), torch.randn(48)
+    product = decoding.Bf16Linear(weight, bias)
+    minimum = decoding.BF16_PRODUCTS_MIN_ROWS
+    few, many = torch.randn(minimum - 1, 1, 32), torch.randn(minimum, 1, 32)
+    assert torch.equal(product(few), torch.nn.functional.linear(few, weight, bias))
+    found = product(many)
+    assert found.shape == (minimum, 1, 48) and found.dtype == torch.float32
+    in_bf16 = torch.nn.functional.linear(many.bfloat16(), weight.bfloat16(), bias.bfloat16()).float()
+    torch.testing.assert_close(found, in_bf16, rtol=1 / 128, atol=1 / 128)  # sums in another order, at most
+    exact = torch.nn.functional.linear(many, weight, bias)
+    assert (found - exact).abs().max() > 1e-3 and (found - exact).abs().max() < 0.02 * exact.abs().max()
+    if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        assert product.packed_weight is not None and product.bf16_weight is None
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)  # a torch built without oneDNN
+    plain = decoding.Bf16Linear(weight, bias)
+    assert plain.packed_weight is None and plain.bf16_weight.dtype == torch.bfloat16
+    assert torch.equal(plain(many), in_bf16) and torch.equal(plain(few), product(few))
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_bf16_products_for_decoding_multiply_in_bf16_from_sixteen_rows_and_keep_the_translations(
+        trained, batch, monkeypatch, num_beams):
+    """bf16_products_for_decoding: each of a step's products (six a layer and the output projection) is a Bf16Linear
+    (fp32 below BF16_PRODUCTS_MIN_ROWS rows, bf16 from there), the encoder runs as a bf16 copy, and on this trained
+    model, whose choices are clear, the tokens are the fp32 model's at few rows and at many; the model's own weights
+    and forward are untouched."""
+    copied = copy.deepcopy(trained)
+    decoding.bf16_products_for_decoding(copied)
+    assert {parameter.dtype for parameter in copied.decoding_weights.encoder.parameters()} == {torch.bfloat16}
+    rows = []
+    call = decoding.Bf16Linear.__call__
+    monkeypatch.setattr(decoding.Bf16Linear, "__call__", lambda product, inputs: rows.append(
+        inputs.numel() // inputs.shape[-1]) or call(product, inputs))
+    encoders = []
+    copied.decoding_weights.encoder.register_forward_hook(
+        lambda module, args, output: encoders.append(output.last_hidden_state.dtype))
+    many = {key: value.repeat(3, 1) for key, value in batch.items()}  # 18 sources
+    options = {"num_beams": num_beams, "max_new_tokens": 20}
+    for inputs in (batch, many):
+        rows.clear()
+        assert torch.equal(copied.generate(**inputs, **options), trained.generate(**inputs, **options))
+        assert rows[0] == inputs["input_ids"].shape[0] * num_beams
+    assert encoders == [torch.bfloat16, torch.bfloat16]
+    rows.clear()
+    copied.generate(**many, num_beams=num_beams, max_new_tokens=12, min_new_tokens=12)  # 12 steps for every row
+    assert len(rows) == 12 * (6 * trained.config.decoder_layers + 1)
+    assert max(rows) >= decoding.BF16_PRODUCTS_MIN_ROWS
+    with torch.no_grad():
+        tokens = trained.generate(**batch, **options)
+        assert torch.equal(copied(**batch, decoder_input_ids=tokens).logits,
+                           trained(**batch, decoder_input_ids=tokens).logits)
+    assert {parameter.dtype for parameter in copied.parameters()} == {torch.float32}

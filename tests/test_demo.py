@@ -18,12 +18,12 @@ import pytest
 import torch
 from huggingface_hub import ModelCard, SpaceCard
 
-from hf_scratch_transformer.decoding import quantize_for_decoding
+from hf_scratch_transformer.decoding import bf16_products_for_decoding, quantize_for_decoding
 from hf_scratch_transformer.translation import demo
 from hf_scratch_transformer.data.loading import SHIPPED_CORPUS_FILES, SHIPPED_DATASET_ID
 from hf_scratch_transformer.errors import EnvironmentFault, UsageError
 from hf_scratch_transformer.translation.translate import TEST_SOURCES_FILE
-from hf_scratch_transformer.translation.translate import int8_encoder_dtype, translate
+from hf_scratch_transformer.translation.translate import decoding_encoder_dtype, translate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -369,18 +369,21 @@ def test_a_host_that_does_not_resolve_is_refused_without_a_port_before_anything_
         demo.check_port("192.0.2.1", None)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "bfloat16_products", "int8"])
 def test_the_demo_loads_the_weights_in_the_dtype_asked_and_translates_as_the_api_there(trained_model, dtype):
-    """`--dtype bfloat16` or `int8` (load_demo_model's dtype): the weights in bf16, or in fp32 with the decoding
-    loops' int8 copies; the same translation and scores as the Python API gives with such a copy of the model."""
+    """`--dtype bfloat16`, `bfloat16_products` or `int8` (load_demo_model's dtype): the weights in bf16, or in fp32
+    with the decoding loops' bf16 or int8 copies; the same translation and scores as the Python API gives with such a
+    copy of the model."""
     model, tokenizer, directory = trained_model
     loaded = demo.load_demo_model(str(directory), dtype=dtype)
     weights = torch.bfloat16 if dtype == "bfloat16" else torch.float32
     assert {parameter.dtype for parameter in loaded.model.parameters()} == {weights}
-    assert hasattr(loaded.model, "int8_weights") == (dtype == "int8")
+    assert hasattr(loaded.model, "decoding_weights") == (dtype != "bfloat16")
     copied = copy.deepcopy(model)
     if dtype == "int8":
-        quantize_for_decoding(copied, int8_encoder_dtype())
+        quantize_for_decoding(copied, decoding_encoder_dtype())
+    elif dtype == "bfloat16_products":
+        bf16_products_for_decoding(copied, decoding_encoder_dtype())
     shown = demo.translate_text(loaded.model, loaded.tokenizer, SENTENCE, num_beams=4, num_hypotheses=2)
     expected = demo.translate_text(copied.to(weights), tokenizer, SENTENCE, num_beams=4, num_hypotheses=2)
     assert [(h.text, h.score) for h in shown.hypotheses] == [(h.text, h.score) for h in expected.hypotheses]

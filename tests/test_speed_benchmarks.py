@@ -197,36 +197,51 @@ def test_decoding_attention_bf16_times_both_attention_dtypes_and_marian_alternat
     assert "| 1 | 1 |" in markdown and "| bf16 |" in markdown and "| 8 | 1 |" in markdown and "| fp32 |" in markdown
 
 
-def test_decoding_precision_times_each_dtype_and_marian_alternated_with_int8_products_really_used(tmp_path,
-                                                                                                 monkeypatch):
-    """Each case times our three precisions and Marian the same number of times; the bf16 variant holds bf16 weights,
-    the int8 one multiplies through torch._int_mm (and only it), and the table names what --dtype auto picks."""
-    from decoding_precision import VARIANTS, main, our_variants
+def test_decoding_precision_times_each_dtype_and_marian_alternated_with_int8_and_bf16_products_really_used(
+        tmp_path, monkeypatch):
+    """Each case times our precisions (bfloat16_products also at each --min_rows and --unpacked) and Marian the same
+    number of times; the bf16 variant holds bf16 weights, the int8 one multiplies through torch._int_mm (and only it), the
+    bf16-products ones in bf16 from their own threshold on, and the table names what --dtype auto picks."""
+    from decoding_precision import MARIAN, main, our_variants
 
     threads = torch.get_num_threads()
     results = main(["--preset", "tiny", "--batch_sizes", "1", "3", "--beams", "1", "2", "--new_tokens", "3",
-                    "--rounds", "2", "--threads", "1", "--output", str(tmp_path / "d.json")])
+                    "--rounds", "2", "--threads", "1", "--min_rows", "2", "--unpacked", "--output",
+                    str(tmp_path / "d.json")])
     torch.set_num_threads(threads)
+    variants = ["float32", "bfloat16", "bfloat16_products", "bfloat16_products@2", "bfloat16_products_unpacked",
+                "int8", MARIAN]
+    assert results["variants"] == variants
     assert [(case["batch_size"], case["beams"]) for case in results["cases"]] == [(1, 1), (1, 2), (3, 1), (3, 2)]
     for case in results["cases"]:
-        assert [len(case["seconds"][variant]) for variant in VARIANTS] == [2, 2, 2, 2]
-        assert min(case["us_per_new_token"].values()) > 0 and set(case["over_marian"]) == set(VARIANTS[:3])
+        assert [len(case["seconds"][variant]) for variant in variants] == [2] * len(variants)
+        assert min(case["us_per_new_token"].values()) > 0 and set(case["over_marian"]) == set(variants[:-1])
     model = ScratchTransformerForConditionalGeneration(ScratchTransformerConfig.from_preset("tiny", vocab_size=50))
-    variants = our_variants(model.eval())
-    assert {p.dtype for p in variants["bfloat16"].parameters()} == {torch.bfloat16}
-    calls = []
+    copies = our_variants(model.eval(), [2], unpacked=True)
+    assert {p.dtype for p in copies["bfloat16"].parameters()} == {torch.bfloat16}
+    output_projections = {name: copies[name].decoding_weights.output_projection
+                          for name in ("bfloat16_products", "bfloat16_products_unpacked")}
+    assert output_projections["bfloat16_products_unpacked"].packed_weight is None
+    assert output_projections["bfloat16_products_unpacked"].bf16_weight.dtype == torch.bfloat16
+    calls, rows_in_bf16 = [], []
     int_mm = torch._int_mm
     monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(1) or int_mm(a, b))
+    bf16_call = decoding.Bf16Linear.__call__
+    monkeypatch.setattr(decoding.Bf16Linear, "__call__", lambda product, x: rows_in_bf16.append(
+        (x.numel() // x.shape[-1]) >= product.min_rows) or bf16_call(product, x))
     batch = {"input_ids": torch.tensor([[5, 6, 7, 2]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
     from common import run_generate
 
-    for name, variant in variants.items():
-        calls.clear()
-        run_generate(variant, batch, 1, 2)
+    for name, variant in copies.items():
+        calls.clear(), rows_in_bf16.clear()
+        run_generate(variant, batch, 2, 2)  # two beams: 2 rows a step
         assert bool(calls) == (name == "int8")
+        expected = {"bfloat16_products": {False}, "bfloat16_products_unpacked": {False},  # fp32 at 2 rows
+                    "bfloat16_products@2": {True}}.get(name, set())
+        assert set(rows_in_bf16) == expected, name
     markdown = (tmp_path / "d.md").read_text()
     assert results["machine"]["cpu"] in markdown and f"picks **{results['auto_precision']}**" in markdown
-    assert "| 3 | 2 |" in markdown and "int8 / Marian" in markdown
+    assert "| 3 | 2 |" in markdown and "int8 / Marian" in markdown and "bfloat16_products@2 / Marian" in markdown
 
 
 def test_cross_attention_bmm_times_both_paths_alternated_and_each_really_taken(tmp_path, monkeypatch):

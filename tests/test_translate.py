@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from hf_scratch_transformer import translation_pipeline
 from hf_scratch_transformer.translation import cli
-from hf_scratch_transformer import cpu_threads
+from hf_scratch_transformer import cpu_threads, decoding
 from hf_scratch_transformer.translation.translate import (ModelLoadError, inference_precision,
                                                             load_model_and_tokenizer, translate)
 from hf_scratch_transformer.translation_core import TorchBackend, format_alignment, hard_alignment
@@ -265,30 +265,34 @@ def test_alignments_are_pairs_within_the_words_and_tokens_of_both_sides(trained_
 
 @pytest.mark.parametrize("flags, device, chosen", [
     ({"avx512_bf16", "avx512_vnni"}, "cpu", "int8"),  # an AMD EPYC (Zen 4): decoding is bound by reading the weights
-    ({"avx512_bf16", "amx_bf16"}, "cpu", "float32"),  # a Xeon with AMX: bf16 halved greedy speed at batch 1
+    ({"avx512_bf16", "amx_bf16"}, "cpu", "bfloat16_products"),  # a Xeon with AMX: bf16 products from 16 rows on
     ({"avx512f"}, "cpu", "float32"),  # no bf16 units
     ({"avx512_bf16"}, "cuda", "float32"),
+    ({"avx512_bf16", "amx_bf16"}, "cuda", "float32"),
 ])
-def test_dtype_auto_is_int8_only_on_a_cpu_with_avx512_bf16_and_no_amx(trained_model_dir, monkeypatch, flags, device,
-                                                                      chosen):
+def test_dtype_auto_is_int8_with_avx512_bf16_and_no_amx_and_bf16_products_with_amx(trained_model_dir, monkeypatch,
+                                                                                    flags, device, chosen):
     """The CPU's flags faked as /proc/cpuinfo would give them; a model loaded with dtype="auto" on the CPU follows
     them, an explicit dtype wins, and the library's default stays the weights as saved (fp32, no int8 copies)."""
     monkeypatch.setattr(cpu_threads, "cpu_model_and_flags", lambda: ("a CPU", flags))
     assert inference_precision(torch.device(device)) == chosen
-    for requested in ("float32", "bfloat16", "int8"):
+    for requested in ("float32", "bfloat16", "bfloat16_products", "int8"):
         assert inference_precision(torch.device(device), requested) == requested
     if device == "cpu":
         model, _ = load_model_and_tokenizer(trained_model_dir, "cpu", dtype="auto")
         weights = torch.bfloat16 if chosen == "bfloat16" else torch.float32
         assert {parameter.dtype for parameter in model.parameters()} == {weights}
-        assert hasattr(model, "int8_weights") == (chosen == "int8")
+        assert hasattr(model, "decoding_weights") == (chosen in ("int8", "bfloat16_products"))
+        if chosen != "float32":
+            product = {"int8": decoding.Int8Linear, "bfloat16_products": decoding.Bf16Linear}[chosen]
+            assert isinstance(model.decoding_weights.output_projection, product)
         model, _ = load_model_and_tokenizer(trained_model_dir, "cpu")
         assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
-        assert not hasattr(model, "int8_weights")
+        assert not hasattr(model, "decoding_weights")
 
 
 def test_a_dtype_that_is_not_offered_is_refused_not_read_as_fp32(trained_model_dir):
-    with pytest.raises(ValueError, match="^dtype 'float16' is not one of auto, float32, bfloat16, int8$"):
+    with pytest.raises(ValueError, match="^dtype 'float16' is not one of auto, float32, bfloat16, bfloat16_products, int8$"):
         load_model_and_tokenizer(trained_model_dir, "cpu", dtype="float16")
 
 
@@ -297,20 +301,24 @@ def test_a_dtype_that_is_not_offered_is_refused_not_read_as_fp32(trained_model_d
     ({"avx512_bf16", "amx_bf16"}, torch.bfloat16),  # a Xeon with AMX
     ({"avx512f", "avx512_vnni"}, torch.float32),  # no bf16 units: bf16 would be emulated
 ])
-def test_dtype_int8_loads_fp32_weights_with_int8_copies_for_a_cpu_only(trained_model_dir, monkeypatch, flags,
-                                                                       encoder_dtype):
-    """dtype="int8": the weights stay fp32 and the decoding loops get their int8 copies, with a bf16 copy of the
-    encoder where the CPU (its flags faked) has bf16 units; asked for another device it is refused in one line, before
-    anything is moved there (this machine has no GPU: a move would fail otherwise)."""
+@pytest.mark.parametrize("dtype, product", [("int8", decoding.Int8Linear),
+                                            ("bfloat16_products", decoding.Bf16Linear)])
+def test_dtypes_int8_and_bf16_products_load_fp32_weights_with_copies_for_a_cpu_only(
+        trained_model_dir, monkeypatch, flags, encoder_dtype, dtype, product):
+    """dtype="int8" or "bfloat16_products": the weights stay fp32 and the decoding loops get their copies, with a bf16
+    copy of the encoder where the CPU (its flags faked) has bf16 units; asked for another device it is refused in one
+    line, before anything is moved there (this machine has no GPU: a move would fail otherwise)."""
     monkeypatch.setattr(cpu_threads, "cpu_model_and_flags", lambda: ("a CPU", flags))
-    model, _ = load_model_and_tokenizer(trained_model_dir, "cpu", dtype="int8")
+    model, _ = load_model_and_tokenizer(trained_model_dir, "cpu", dtype=dtype)
     assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
-    assert len(model.int8_weights.decoder_layers) == model.config.decoder_layers
-    encoder = model.int8_weights.encoder
+    assert len(model.decoding_weights.decoder_layers) == model.config.decoder_layers
+    assert all(isinstance(function, product) for layer in model.decoding_weights.decoder_layers
+               for function in layer.values())
+    encoder = model.decoding_weights.encoder
     if encoder_dtype == torch.float32:
         assert encoder is None  # the loops run the model's own
     else:
         assert {parameter.dtype for parameter in encoder.parameters()} == {encoder_dtype}
-    with pytest.raises(ModelLoadError, match="^dtype int8 translates on a CPU only, not on cuda: use float32 or "
+    with pytest.raises(ModelLoadError, match=f"^dtype {dtype} translates on a CPU only, not on cuda: use float32 or "
                                              "bfloat16$"):
-        load_model_and_tokenizer(trained_model_dir, "cuda", dtype="int8")
+        load_model_and_tokenizer(trained_model_dir, "cuda", dtype=dtype)

@@ -561,7 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, metavar="N",
                         help="port to listen on (default: the first free one from 7860)")
     parser.add_argument("--device", metavar="DEVICE", help="cpu, cuda, mps... (default: cuda if available, else cpu)")
-    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "int8"), default="auto",
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "bfloat16_products", "int8"),
+                        default="auto",
                         help="the weights' dtype while translating, as hf-scratch-translate's --dtype (default auto)")
     parser.add_argument("--write_space", metavar="DIR",
                         help="instead of starting the page, write a Gradio Space (app.py, requirements.txt, README.md) "

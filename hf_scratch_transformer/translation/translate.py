@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from safetensors import SafetensorError, safe_open
 
-from ..decoding import quantize_for_decoding
+from ..decoding import bf16_products_for_decoding, quantize_for_decoding
 from ..errors import UsageError
 from ..translation_core import (
     DEFAULT_BATCH_SIZE,
@@ -147,30 +147,37 @@ def _hub_is_unreachable(repo_id: str) -> bool:
 # Loading, with every check once
 # --------------------------------------------------------------------------------------------------------------
 # What a model may translate in (the command line's and the demo's --dtype; "auto": `inference_precision`): its weights
-# in fp32 or bf16, or fp32 weights whose decoding steps multiply in int8 (`decoding.quantize_for_decoding`, CPU only)
-PRECISIONS = ("float32", "bfloat16", "int8")
+# in fp32 or bf16; or, on a CPU, fp32 weights whose decoding steps multiply in bf16 from a few rows on
+# (`decoding.bf16_products_for_decoding`) or in int8 (`decoding.quantize_for_decoding`)
+PRECISIONS = ("float32", "bfloat16", "bfloat16_products", "int8")
+CPU_ONLY_PRECISIONS = ("bfloat16_products", "int8")
 
 
 def inference_precision(device: torch.device | str | None, requested: str = "auto") -> str:
-    """What a model translates in: `requested` (one of PRECISIONS), or with "auto" on a CPU with AVX-512 BF16 and
-    no AMX "int8", and "float32" elsewhere. On such a CPU (an AMD EPYC) a decoding step is bound by reading its
-    weights: on three corpora int8 products (the encoder in bf16) decoded 1.2-2.3x as fast as fp32 (greedy at batch 1
-    1.9-2.3x) and bf16 weights 1.3-1.9x, test BLEU within 0.2 of fp32; on a Xeon with AMX bf16 weights halved greedy
-    speed at batch 1, and int8 is not measured there (benchmarks/results/inference_precision*.md)."""
+    """What a model translates in: `requested` (one of PRECISIONS), or with "auto" on a CPU "int8" where it has
+    AVX-512 BF16 and no AMX, "bfloat16_products" where it has AMX, and "float32" elsewhere.
+
+    On a CPU with AVX-512 BF16 and no AMX (an AMD EPYC) a decoding step is bound by reading its weights: on three
+    corpora int8 products (the encoder in bf16) decoded 1.2-2.3x as fast as fp32 (greedy at batch 1 1.9-2.3x) and bf16
+    weights 1.3-1.9x, test BLEU within 0.2 of fp32. On a Xeon with AMX bf16 weights and int8 were slower than fp32 at
+    batch 1 (0.77x, 0.81x); bf16 products from 16 rows on (the encoder in bf16) ran greedy at batch 32 1.32x, beam 4
+    at batch 32 1.18x and greedy at batch 1 1.04x as fast as fp32, test BLEU -0.05 / +0.03
+    (benchmarks/results/inference_precision*.md, decoding_precision_amx.md)."""
     if requested in PRECISIONS:
         return requested
     if requested != "auto":
         raise ValueError(f"dtype {requested!r} is not one of auto, {', '.join(PRECISIONS)}")
     from ..cpu_threads import cpu_bf16_units
 
-    on_cpu = torch.device(device or "cpu").type == "cpu"
-    return "int8" if on_cpu and cpu_bf16_units() == "AVX-512 BF16" else "float32"
+    if torch.device(device or "cpu").type != "cpu":
+        return "float32"
+    return {"AVX-512 BF16": "int8", "AMX": "bfloat16_products"}.get(cpu_bf16_units(), "float32")
 
 
-def int8_encoder_dtype() -> torch.dtype:
-    """The dtype the encoder runs in under int8 decoding (`decoding.quantize_for_decoding`): bf16 on a CPU with bf16
-    units (AMX or AVX-512 BF16), where it took half the time of fp32 at the same test BLEU, fp32 on a CPU without,
-    where bf16 products are emulated."""
+def decoding_encoder_dtype() -> torch.dtype:
+    """The dtype the encoder runs in under int8 or bf16-products decoding (`decoding.quantize_for_decoding`,
+    `decoding.bf16_products_for_decoding`): bf16 on a CPU with bf16 units (AMX or AVX-512 BF16), where it took half
+    the time of fp32 at the same test BLEU, fp32 on a CPU without, where bf16 products are emulated."""
     from ..cpu_threads import cpu_bf16_units
 
     return torch.bfloat16 if cpu_bf16_units() is not None else torch.float32
@@ -181,8 +188,9 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
     """(model in eval mode on `device`, tokenizer) from a saved directory or a hub id (see `locate_model`).
 
     `config_overrides` (e.g. `{"dropout": 0.2}`) replace fields of the saved config before the model is built.
-    `dtype`: None (the dtype the weights were saved in: fp32 for train.py's), "float32", "bfloat16", "int8" (fp32
-    weights, the decoding loops' products in int8 and the encoder in `int8_encoder_dtype()`, on a CPU), or "auto"
+    `dtype`: None (the dtype the weights were saved in: fp32 for train.py's), "float32", "bfloat16",
+    "bfloat16_products" or "int8" (fp32 weights, the decoding loops' products in bf16 from a few rows on or in int8,
+    the encoder in `decoding_encoder_dtype()`, on a CPU), or "auto"
     (`inference_precision`: what translates fastest on `device` at the same BLEU).
 
     Raises `ModelLoadError` with a one-line message for: a missing directory; no, pickled-only, truncated or
@@ -194,8 +202,8 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
     import hf_scratch_transformer  # noqa: F401  (registers the Auto classes: no trust_remote_code needed)
     from transformers import AutoModelForSeq2SeqLM
 
-    if dtype == "int8" and torch.device(device or "cpu").type != "cpu":
-        raise ModelLoadError(f"dtype int8 translates on a CPU only, not on {device}: use float32 or bfloat16")
+    if dtype in CPU_ONLY_PRECISIONS and torch.device(device or "cpu").type != "cpu":
+        raise ModelLoadError(f"dtype {dtype} translates on a CPU only, not on {device}: use float32 or bfloat16")
     name = os.fspath(name_or_path)
     source, local_only = locate_model(name)
     if Path(source).is_dir():
@@ -215,7 +223,9 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
         precision = inference_precision(device, dtype)
         model.to(torch.bfloat16 if precision == "bfloat16" else torch.float32)
         if precision == "int8":
-            quantize_for_decoding(model, int8_encoder_dtype())
+            quantize_for_decoding(model, decoding_encoder_dtype())
+        elif precision == "bfloat16_products":
+            bf16_products_for_decoding(model, decoding_encoder_dtype())
     model.eval()
     return model, tokenizer
 
