@@ -436,10 +436,10 @@ class Bf16Linear:
 def prepacked_bf16_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """A bf16 copy of `weight` (out, in) in the layout oneDNN's bf16 product reads, or None where torch's oneDNN does
     not offer it (a build without it, or a CPU without bf16 support), or it fails to run on a product of 32 rows."""
-    if not (weight.is_cpu and torch.backends.mkldnn.is_available()
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        return None
     try:
+        if not (weight.is_cpu and torch.backends.mkldnn.is_available()
+                and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+            return None
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), 32)
         probe = torch.zeros(32, weight.shape[1], dtype=torch.bfloat16)
         torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], "")

@@ -150,7 +150,8 @@ def _hub_is_unreachable(repo_id: str) -> bool:
 # in fp32 or bf16; or, on a CPU, fp32 weights whose decoding steps multiply in bf16 from a few rows on
 # (`decoding.bf16_products_for_decoding`) or in int8 (`decoding.quantize_for_decoding`)
 PRECISIONS = ("float32", "bfloat16", "bfloat16_products", "int8")
-CPU_ONLY_PRECISIONS = ("bfloat16_products", "int8")
+# the precisions that give fp32 weights decoding copies, on a CPU only
+DECODING_COPIES = {"bfloat16_products": bf16_products_for_decoding, "int8": quantize_for_decoding}
 
 
 def inference_precision(device: torch.device | str | None, requested: str = "auto") -> str:
@@ -202,7 +203,7 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
     import hf_scratch_transformer  # noqa: F401  (registers the Auto classes: no trust_remote_code needed)
     from transformers import AutoModelForSeq2SeqLM
 
-    if dtype in CPU_ONLY_PRECISIONS and torch.device(device or "cpu").type != "cpu":
+    if dtype in DECODING_COPIES and torch.device(device or "cpu").type != "cpu":
         raise ModelLoadError(f"dtype {dtype} translates on a CPU only, not on {device}: use float32 or bfloat16")
     name = os.fspath(name_or_path)
     source, local_only = locate_model(name)
@@ -222,10 +223,8 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
     if dtype is not None:  # after the checks, which read the weights as saved
         precision = inference_precision(device, dtype)
         model.to(torch.bfloat16 if precision == "bfloat16" else torch.float32)
-        if precision == "int8":
-            quantize_for_decoding(model, decoding_encoder_dtype())
-        elif precision == "bfloat16_products":
-            bf16_products_for_decoding(model, decoding_encoder_dtype())
+        if precision in DECODING_COPIES:
+            DECODING_COPIES[precision](model, decoding_encoder_dtype())
     model.eval()
     return model, tokenizer
 
