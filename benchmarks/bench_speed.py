@@ -450,6 +450,10 @@ def targets(results) -> list[dict]:
     return rows
 
 
+# issue 43's goal for the default run's model FLOP utilisation, of the measured matmul peak of its precision
+MFU_GOAL = 0.60
+
+
 def precision_targets(label: str, figures: dict) -> list[dict]:
     """The training, MFU, greedy and CTranslate2 rows of one preset in one precision."""
     training = figures["training"]
@@ -457,8 +461,8 @@ def precision_targets(label: str, figures: dict) -> list[dict]:
     rows = [dict(target=f"{label} training tokens/s >= 1.3x MarianMT", value=f"{speedup:.2f}x",
                  met=speedup >= 1.3, gap=None if speedup >= 1.3 else f"{(1.3 / speedup - 1) * 100:.0f}% short")]
     mfu = training[OURS]["mfu"]
-    rows.append(dict(target=f"{label} training MFU >= 70% of measured matmul peak", value=f"{mfu * 100:.0f}%",
-                     met=mfu >= 0.70, gap=None if mfu >= 0.7 else f"{(0.70 - mfu) * 100:.0f} points short"))
+    rows.append(dict(target=f"{label} training MFU >= {MFU_GOAL:.0%} of measured matmul peak", value=f"{mfu:.0%}",
+                     met=mfu >= MFU_GOAL, gap=None if mfu >= MFU_GOAL else f"{(MFU_GOAL - mfu) * 100:.0f} points short"))
     for size in ("b1", "b32"):
         greedy = figures["generation"].get(f"greedy_{size}")
         if not greedy:
