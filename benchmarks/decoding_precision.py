@@ -10,11 +10,14 @@ lengths), with MarianMT holding the same weights in fp32 (the speed goal's refer
 
 - `float32`: the weights as train.py saves them;
 - `bfloat16`: the weights in bf16 (the loops attend in fp32 from `decoding.FP32_ATTENTION_MIN_SOURCES` sources);
-- `bfloat16_products`: fp32 weights, every matrix product of a decoding step in bf16 from
-  `decoding.BF16_PRODUCTS_MIN_ROWS` rows on and in fp32 below (`decoding.bf16_products_for_decoding`), the encoder in
-  bf16 on a CPU with bf16 units (`translate.decoding_encoder_dtype`); `--min_rows N ...` adds the same with bf16
-  from N rows on, as `bfloat16_products@N`, to choose that threshold, and `--unpacked` the same with plain bf16
-  copies of the weights (`F.linear`) in place of oneDNN's prepacked ones, as `bfloat16_products_unpacked`;
+- `bfloat16_products`: fp32 weights, every matrix product of a decoding step (and the cross-attention keys and
+  values) in bf16 from the rows at which it pays (`decoding.bf16_min_rows`) and in fp32 below
+  (`decoding.bf16_products_for_decoding`), the encoder in bf16 on a CPU with bf16 units
+  (`translate.decoding_encoder_dtype`); `--min_rows N ...` adds the same with every product in bf16 from N rows on,
+  as `bfloat16_products@N`, to compare with that rule, and `--unpacked` the same with plain bf16
+  copies of the weights (`F.linear`) in place of oneDNN's prepacked ones, as `bfloat16_products_unpacked`, and
+  `--fp32_cross` the same with the cross-attention keys and values projected in fp32, as
+  `bfloat16_products_fp32_cross`;
 - `int8`: fp32 weights, every matrix product of a decoding step in int8 (`decoding.quantize_for_decoding`), the
   encoder as in `bfloat16_products`.
 
@@ -40,21 +43,25 @@ from hf_scratch_transformer.translation.translate import inference_precision, de
 MARIAN = "MarianMT fp32"
 
 
-def our_variants(ours, min_rows: list[int] = (), unpacked: bool = False) -> dict:
-    """Our model as each `--dtype` loads it; bfloat16_products also with bf16 from each of `min_rows` rows on, and
-    with `unpacked` with plain bf16 weights."""
+def our_variants(ours, min_rows: list[int] = (), unpacked: bool = False, fp32_cross: bool = False) -> dict:
+    """Our model as each `--dtype` loads it; bfloat16_products also with bf16 from each of `min_rows` rows on, with
+    `unpacked` with plain bf16 weights, and with `fp32_cross` with the cross-attention keys and values in fp32."""
     variants = {"float32": ours, "bfloat16": copy.deepcopy(ours).to(torch.bfloat16)}
-    for rows in [None, *min_rows, *(["unpacked"] if unpacked else [])]:
+    extra = [*(["unpacked"] if unpacked else []), *(["fp32_cross"] if fp32_cross else [])]
+    for rows in [None, *min_rows, *extra]:
         products = copy.deepcopy(ours)
         bf16_products_for_decoding(products, decoding_encoder_dtype())
+        if rows == "fp32_cross":
+            for layer in products.decoding_weights.decoder_layers:
+                del layer["cross_key_value"]  # LayerState then projects them with F.linear on the fp32 weights
         for product in [products.decoding_weights.output_projection,
                         *(p for layer in products.decoding_weights.decoder_layers for p in layer.values())]:
             if rows == "unpacked":
                 product.packed_weight, product.bf16_weight = None, product.weight.bfloat16()
-            elif rows is not None:
+            elif isinstance(rows, int):
                 product.min_rows = rows
-        name = {None: "bfloat16_products", "unpacked": "bfloat16_products_unpacked"}.get(rows)
-        variants[name or f"bfloat16_products@{rows}"] = products
+        name = {None: "bfloat16_products"}.get(rows, f"bfloat16_products_{rows}")
+        variants[name if not isinstance(rows, int) else f"bfloat16_products@{rows}"] = products
     variants["int8"] = copy.deepcopy(ours)
     quantize_for_decoding(variants["int8"], decoding_encoder_dtype())
     return variants
@@ -66,11 +73,13 @@ def main(argv: list[str] | None = None) -> dict:
                         help="also bfloat16_products with bf16 from each of these rows on")
     parser.add_argument("--unpacked", action="store_true",
                         help="also bfloat16_products with plain bf16 weights, not oneDNN's prepacked ones")
+    parser.add_argument("--fp32_cross", action="store_true",
+                        help="also bfloat16_products with the cross-attention keys and values projected in fp32")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     load_before = loadavg()
     ours, marian = build_pair(args.preset, args.seed)
-    models = {**our_variants(ours.eval(), args.min_rows, args.unpacked), MARIAN: marian.eval()}
+    models = {**our_variants(ours.eval(), args.min_rows, args.unpacked, args.fp32_cross), MARIAN: marian.eval()}
     variants = list(models)
 
     def call(variant: str, batch: dict, beams: int) -> float:

@@ -6,7 +6,7 @@ product); `bf16_weights` (the model's weights stored in bf16, `model.to(torch.bf
 (fp32 weights, the decoding loops' matrix products in int8, the encoder in bf16 on a CPU with bf16 units, as
 `load_model_and_tokenizer(..., dtype="int8")` loads it: `decoding.quantize_for_decoding`); `int8_fp32_encoder` (the
 same with the encoder in fp32 everywhere); `bf16_products` (fp32 weights, the decoding loops' matrix products in bf16
-from `decoding.BF16_PRODUCTS_MIN_ROWS` rows on and in fp32 below, the encoder as in `int8`, as
+where a product has rows enough (`decoding.bf16_min_rows`) and in fp32 below, the encoder as in `int8`, as
 `load_model_and_tokenizer(..., dtype="bfloat16_products")` loads it: `decoding.bf16_products_for_decoding`).
 
     python benchmarks/inference_precision.py --model outputs/scratch-small-en-es
@@ -36,7 +36,6 @@ import real_text
 import sacrebleu
 import torch
 
-from hf_scratch_transformer import decoding
 from hf_scratch_transformer.cpu_threads import cpu_bf16_units
 from hf_scratch_transformer.decoding import bf16_products_for_decoding, quantize_for_decoding
 from hf_scratch_transformer.translation.translate import decoding_encoder_dtype, load_model_and_tokenizer
@@ -137,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
              f"{results['test_file']} ({len(sources)} sentences). `bf16`: autocast over fp32 weights; `bf16_weights`: "
              f"the weights stored in bf16; `int8`: the decoding loops' products in int8, the encoder in "
              f"{str(decoding_encoder_dtype()).removeprefix('torch.')} (`int8_fp32_encoder`: in float32); "
-             f"`bf16_products`: the decoding loops' products in bf16 from {decoding.BF16_PRODUCTS_MIN_ROWS} rows on, the encoder as in "
+             f"`bf16_products`: the decoding loops' products in bf16 where they have rows enough, the encoder as in "
              f"`int8`. Speed-up: the "
              f"median of the fp32 time over the variant's time, paired with the fp32 run next to it.\n\n| | fp32 | "
              + " | ".join(compared) + " |\n|---|---:|" + "---:|" * len(compared)]

@@ -8,9 +8,10 @@ the self-attention keys and values of each new token are written into buffers al
 each step computes each layer's sublayers with `F.linear` / `F.layer_norm` on the layer's own parameters (pre- and
 post-norm alike) and `scaled_dot_product_attention`, as the model's default "sdpa" attention does. A model given
 int8 copies of its decoder's weights (`quantize_for_decoding`) computes the steps' matrix products in int8 (and may
-run its encoder in bf16); one given bf16 copies (`bf16_products_for_decoding`) computes them in bf16 where a step has
-enough rows for that to pay, in fp32 where it has few. From a few sources on a CPU, cross-attention is two batched
-products instead of the fused kernel (`BMM_CROSS_ATTENTION_MIN_SOURCES`).
+run its encoder in bf16); one given bf16 copies (`bf16_products_for_decoding`) computes them, and the cross-attention
+keys and values, in bf16 where a product has rows enough for its size to pay, in fp32 where it has few. From a few
+sources on a CPU, cross-attention is two batched products instead of the fused kernel
+(`BMM_CROSS_ATTENTION_MIN_SOURCES`).
 
 `ScratchTransformerForConditionalGeneration.generate()` comes here when `plain_decoding` finds a call that asks for
 nothing else (greedy or beam search, no sampling, no logits processors but the minimum length, no streamer, no extra
@@ -397,24 +398,38 @@ class Int8Linear:
         return torch.addcmul(self.bias, products, row_scale * self.weight_scale).view(*inputs.shape[:-1], -1)
 
 
-# rows (B·K new tokens) from which `Bf16Linear` multiplies in bf16: on a Xeon with AMX bf16 at every row (bf16 weights)
-# decoded greedy at batch 1 at 0.58x fp32's speed, and bf16 from 4 rows on beam 4 at batch 1 (4 rows) at 0.85x that of
-# bf16 from 8, 16 or 32 rows on, which were level within the noise at every batch size
-# (benchmarks/results/decoding_precision_amx.md)
-BF16_PRODUCTS_MIN_ROWS = 16
+# When `Bf16Linear` multiplies in bf16 rather than fp32: from the row count (B·K new tokens; B·S source positions for
+# the cross-attention keys and values) at which rows × weight elements reach BF16_MIN_MULTIPLY_ADDS, and from 2 rows
+# at the least. Alone on a Xeon with AMX a bf16 product cost some 30 µs whatever its size (casts and oneDNN's
+# set-up), an fp32 one little while its rows were few and its weight in the cores' caches: the small preset's
+# 256×256 products paid in bf16 from 48-64 rows, the feed-forward's from 12-16, an 8,000-token output projection
+# from 1 (benchmarks/results/bf16_product_rows_amx.md). Within a whole step that projection at one row ran 0.98x as
+# fast in bf16 (a one-off alternated comparison, greedy at batch 1), hence the 2. Against bf16 from 16 rows on for
+# every product, this rule decoded greedy 1.15x as fast at batch 8 and beam 4 1.05x at batch 1, 0.95-1.02x in the
+# other cases measured, within the run's noise (decoding_precision_amx.md).
+BF16_MIN_MULTIPLY_ADDS = 3 * 2**20
+
+
+def bf16_min_rows(weight: torch.Tensor) -> int:
+    """The rows from which `Bf16Linear` multiplies by `weight` (out, in) in bf16: BF16_MIN_MULTIPLY_ADDS over its
+    elements, rounded up, and at least 2."""
+    return max(2, -(-BF16_MIN_MULTIPLY_ADDS // weight.numel()))
 
 
 class Bf16Linear:
-    """x·Wᵀ + b: in bf16 from `min_rows` rows on, in fp32 below; (..., in) -> (..., out) in fp32.
+    """x·Wᵀ + b: in bf16 from `min_rows` rows on (`bf16_min_rows(W)` unless given), in fp32 below; (..., in) ->
+    (..., out) in fp32.
 
     Holds W in fp32 and a bf16 copy, the copy in oneDNN's blocked layout where torch's oneDNN offers it
     (`torch.ops.mkldnn._reorder_linear_weight`, what inductor's CPU freezing does), so that no call reorders it: on a
-    Xeon with AMX that decoded greedy at batch 32 1.08x and beam 4 1.19x as fast as a plain bf16 copy. The bf16
-    product sums in fp32 and rounds its output to bf16, which returns in fp32.
+    Xeon with AMX that decoded greedy at batch 32 1.08x and beam 4 1.03-1.19x (two runs) as fast as a plain bf16
+    copy. The bf16 product sums in fp32 and rounds its output to bf16, which returns in fp32 (leaving it bf16 for
+    the step's next operation to take was level at batch 32 and 1-3 % slower at 1 and 8 in one-off alternated
+    comparisons).
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, min_rows: int = BF16_PRODUCTS_MIN_ROWS):
-        self.min_rows = min_rows
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, min_rows: int | None = None):
+        self.min_rows = bf16_min_rows(weight) if min_rows is None else min_rows
         self.weight = weight.detach().float()
         self.bias = None if bias is None else bias.detach().float()
         self.bf16_bias = None if bias is None else self.bias.bfloat16()
@@ -451,26 +466,36 @@ def prepacked_bf16_weight(weight: torch.Tensor) -> torch.Tensor | None:
 @dataclass
 class DecodingWeights:
     """Copies of what a decoding step multiplies by, for the loops: each decoder layer's six products
-    (`step_products`) and the output projection, as functions (`Int8Linear`, `Bf16Linear`); and the encoder the
-    loops run once per source: the model's own (None), or a copy in another dtype. The model's forward and
-    transformers' own `generate()` path never use them."""
+    (`step_products`; bf16 copies also its cross-attention keys and values, "cross_key_value") and the output
+    projection, as functions (`Int8Linear`, `Bf16Linear`); and the encoder the loops run once per source: the
+    model's own (None), or a copy in another dtype. The model's forward and transformers' own `generate()` path never
+    use them."""
 
     decoder_layers: list[dict[str, Callable[[torch.Tensor], torch.Tensor]]]
     output_projection: Callable[[torch.Tensor], torch.Tensor]
     encoder: torch.nn.Module | None = None  # None: the model's own
 
 
-def decoding_copies(model, product: type, encoder_dtype: torch.dtype, what: str) -> DecodingWeights:
+def decoding_copies(model, product: type, encoder_dtype: torch.dtype, what: str,
+                    cross_keys_and_values: bool = False) -> DecodingWeights:
     """`DecodingWeights` of `product` copies (`Int8Linear` or `Bf16Linear`) of an fp32 model on a CPU, its encoder
-    copied to `encoder_dtype` unless that is fp32; `what` names the precision in a refusal."""
+    copied to `encoder_dtype` unless that is fp32; with `cross_keys_and_values` each layer's entry also holds a copy
+    of its cross-attention's key and value projections, as one product ("cross_key_value", keys then values);
+    `what` names the precision in a refusal."""
     if model.dtype != torch.float32 or model.device.type != "cpu":
         raise ValueError(f"{what} decoding copies fp32 weights on a CPU, not {model.dtype} on {model.device}")
     if encoder_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"the encoder of {what} decoding runs in torch.float32 or torch.bfloat16, not {encoder_dtype}")
     encoder = None if encoder_dtype == torch.float32 else copy.deepcopy(model.get_encoder()).to(encoder_dtype)
-    return DecodingWeights([{name: product(*weights) for name, weights in step_products(layer).items()}
-                            for layer in model.model.decoder.layers],
-                           product(model.lm_head.weight, model.lm_head.bias), encoder)
+    layers = []
+    for layer in model.model.decoder.layers:
+        products = {name: product(*weights) for name, weights in step_products(layer).items()}
+        if cross_keys_and_values:
+            key, value = layer.cross_attn.k_proj, layer.cross_attn.v_proj
+            products["cross_key_value"] = product(torch.cat([key.weight, value.weight]),
+                                                  torch.cat([key.bias, value.bias]))
+        layers.append(products)
+    return DecodingWeights(layers, product(model.lm_head.weight, model.lm_head.bias), encoder)
 
 
 def quantize_for_decoding(model, encoder_dtype: torch.dtype = torch.float32) -> None:
@@ -485,10 +510,12 @@ def quantize_for_decoding(model, encoder_dtype: torch.dtype = torch.float32) -> 
 
 
 def bf16_products_for_decoding(model, encoder_dtype: torch.dtype = torch.bfloat16) -> None:
-    """Make the loops compute a decoding step's matrix products in bf16 where the step has `BF16_PRODUCTS_MIN_ROWS`
-    rows or more and in fp32 where it has fewer (`Bf16Linear`), for inference on a CPU with bf16 units, and run the
-    encoder in `encoder_dtype`. Copies made once, now, as `quantize_for_decoding`'s."""
-    model.decoding_weights = decoding_copies(model, Bf16Linear, encoder_dtype, "bf16-products")
+    """Make the loops compute a decoding step's matrix products, and each layer's cross-attention keys and values,
+    in bf16 where the product has rows enough for that to pay (`bf16_min_rows`) and in fp32 where it has fewer
+    (`Bf16Linear`), for inference on a CPU with bf16 units, and run the encoder in `encoder_dtype`. Copies made once,
+    now, as `quantize_for_decoding`'s."""
+    model.decoding_weights = decoding_copies(model, Bf16Linear, encoder_dtype, "bf16-products",
+                                             cross_keys_and_values=True)
 
 
 # sources in a batch from which cross-attention is two batched products, not scaled_dot_product_attention: at 32
@@ -512,7 +539,8 @@ class LayerState:
     The step computes what the layer's forward computes in eval mode (post- or pre-norm, its activation) with
     `F.linear` / `F.layer_norm` on the layer's own parameters: calling the modules costs more than their arithmetic
     at one token per row (bench_speed: ~1.3x more tokens/s at batch 1 than calling them). `products` (one layer's
-    entry of `DecodingWeights.decoder_layers`) replaces the step's six by functions of the same names.
+    entry of `DecodingWeights.decoder_layers`) replaces the step's six by functions of the same names, and with a
+    "cross_key_value" entry the projection of the cross-attention keys and values (keys first).
     """
 
     def __init__(self, layer, encoder_output: torch.Tensor, steps: int, beams: int = 1,
@@ -539,10 +567,13 @@ class LayerState:
         self.attends_in_fp32 = (encoder_output.dtype == torch.bfloat16 and encoder_output.is_cpu
                                 and encoder_output.shape[0] >= FP32_ATTENTION_MIN_SOURCES)
         cross_attention = layer.cross_attn
-        self.cross_keys = self.attention_input(self.split_heads(
-            F.linear(encoder_output, cross_attention.k_proj.weight, cross_attention.k_proj.bias)))
-        self.cross_values = self.attention_input(self.split_heads(
-            F.linear(encoder_output, cross_attention.v_proj.weight, cross_attention.v_proj.bias)))
+        if "cross_key_value" in products:  # the copies' product of keys and values at once (B·S rows)
+            keys, values = products["cross_key_value"](encoder_output).chunk(2, dim=-1)
+        else:
+            keys = F.linear(encoder_output, cross_attention.k_proj.weight, cross_attention.k_proj.bias)
+            values = F.linear(encoder_output, cross_attention.v_proj.weight, cross_attention.v_proj.bias)
+        self.cross_keys = self.attention_input(self.split_heads(keys))
+        self.cross_values = self.attention_input(self.split_heads(values))
         self.cross_attends_by_bmm = (encoder_output.is_cpu
                                      and encoder_output.shape[0] >= BMM_CROSS_ATTENTION_MIN_SOURCES)
         if self.cross_attends_by_bmm:  # keys (B, H, Dh, S) and values (B, H, S, Dh), each contiguous for bmm

@@ -417,58 +417,88 @@ def test_decoding_copies_refuse_weights_they_cannot_copy(trained, copies, what):
         copies(copy.deepcopy(trained), torch.float16)
 
 
-def test_a_bf16_product_is_the_fp32_one_below_sixteen_rows_and_bf16_from_there(monkeypatch):
-    """Bf16Linear: below BF16_PRODUCTS_MIN_ROWS rows exactly the fp32 product; from there the bf16 product (inputs,
-    weights and bias rounded to bf16) returned in fp32, from oneDNN's prepacked copy of the weights where this torch
-    offers one, else from F.linear on a plain bf16 copy, which computes the same."""
+def test_a_product_turns_bf16_where_its_rows_times_its_weight_reach_the_threshold():
+    """bf16_min_rows: BF16_MIN_MULTIPLY_ADDS over the weight's elements, rounded up, at least 2; what the small
+    preset's products get from it (the 256x256 ones from 48 rows, the feed-forward's from 12, an 8,000-token output
+    projection from 2, and a 16,000-token one, over the threshold alone, also from 2)."""
+    threshold = decoding.BF16_MIN_MULTIPLY_ADDS
+    assert threshold == 3 * 2**20
+    for (out_features, in_features), rows in {(256, 256): 48, (768, 256): 16, (1024, 256): 12, (256, 1024): 12,
+                                              (512, 256): 24, (8000, 256): 2, (16000, 512): 2}.items():
+        weight = torch.empty(out_features, in_features)
+        assert decoding.bf16_min_rows(weight) == rows
+        assert (rows - 1) * weight.numel() < threshold or rows == 2
+        assert rows * weight.numel() >= threshold
+        assert decoding.Bf16Linear(weight, None).min_rows == rows
+
+
+def test_a_bf16_product_is_the_fp32_one_below_its_rows_and_bf16_from_there(monkeypatch):
+    """Bf16Linear: below its `min_rows` rows exactly the fp32 product; from there the bf16 product (inputs, weights
+    and bias rounded to bf16) returned in fp32, from oneDNN's prepacked copy of the weights where this torch offers
+    one, else from F.linear on a plain bf16 copy, which computes the same."""
     torch.manual_seed(0)
-    weight, bias = torch.randn(48, 32), torch.randn(48)
+    weight, bias = torch.randn(1024, 256), torch.randn(1024)
     product = decoding.Bf16Linear(weight, bias)
-    minimum = decoding.BF16_PRODUCTS_MIN_ROWS
-    few, many = torch.randn(minimum - 1, 1, 32), torch.randn(minimum, 1, 32)
+    minimum = product.min_rows
+    assert minimum == 12
+    few, many = torch.randn(minimum - 1, 1, 256), torch.randn(minimum, 1, 256)
     assert torch.equal(product(few), torch.nn.functional.linear(few, weight, bias))
     found = product(many)
-    assert found.shape == (minimum, 1, 48) and found.dtype == torch.float32
+    assert found.shape == (minimum, 1, 1024) and found.dtype == torch.float32
     in_bf16 = torch.nn.functional.linear(many.bfloat16(), weight.bfloat16(), bias.bfloat16()).float()
-    torch.testing.assert_close(found, in_bf16, rtol=1 / 128, atol=1 / 128)  # sums in another order, at most
+    torch.testing.assert_close(found, in_bf16, rtol=1 / 128, atol=1 / 16)  # sums in another order, at most
     exact = torch.nn.functional.linear(many, weight, bias)
     assert (found - exact).abs().max() > 1e-3 and (found - exact).abs().max() < 0.02 * exact.abs().max()
     if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
         assert product.packed_weight is not None and product.bf16_weight is None
+    assert decoding.Bf16Linear(weight, bias, min_rows=1).min_rows == 1  # given, not computed
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)  # a torch built without oneDNN
     plain = decoding.Bf16Linear(weight, bias)
     assert plain.packed_weight is None and plain.bf16_weight.dtype == torch.bfloat16
-    assert torch.equal(plain(many), in_bf16) and torch.equal(plain(few), product(few))
+    torch.testing.assert_close(plain(many), in_bf16, rtol=0, atol=0)
+    assert torch.equal(plain(few), product(few))
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
-def test_bf16_products_for_decoding_multiply_in_bf16_from_sixteen_rows_and_keep_the_translations(
+def test_bf16_products_for_decoding_multiply_in_bf16_from_their_rows_and_keep_the_translations(
         trained, batch, monkeypatch, num_beams):
-    """bf16_products_for_decoding: each of a step's products (six a layer and the output projection) is a Bf16Linear
-    (fp32 below BF16_PRODUCTS_MIN_ROWS rows, bf16 from there), the encoder runs as a bf16 copy, and on this trained
-    model, whose choices are clear, the tokens are the fp32 model's at few rows and at many; the model's own weights
-    and forward are untouched."""
+    """bf16_products_for_decoding: each of a step's products (six a layer and the output projection) and each
+    layer's cross-attention keys and values (one product a call, over the B·S source positions) is a Bf16Linear,
+    fp32 below its rows and bf16 from there; the encoder runs as a bf16 copy; and on this trained model, whose
+    choices are clear, the tokens are the fp32 model's with products on both sides of their thresholds; the model's
+    own weights and forward are untouched. (The tiny model's products are too small for bf16 at the real threshold:
+    it is lowered so that its square ones turn bf16 from 16 rows.)"""
+    width = trained.config.d_model
+    monkeypatch.setattr(decoding, "BF16_MIN_MULTIPLY_ADDS", 16 * width * width)
     copied = copy.deepcopy(trained)
     decoding.bf16_products_for_decoding(copied)
     assert {parameter.dtype for parameter in copied.decoding_weights.encoder.parameters()} == {torch.bfloat16}
-    rows = []
+    cross = copied.decoding_weights.decoder_layers[0]["cross_key_value"]
+    assert cross.weight.shape == (2 * width, width) and cross.min_rows == 8
+    calls = []  # (rows, in bf16) of each product called
     call = decoding.Bf16Linear.__call__
-    monkeypatch.setattr(decoding.Bf16Linear, "__call__", lambda product, inputs: rows.append(
-        inputs.numel() // inputs.shape[-1]) or call(product, inputs))
+    monkeypatch.setattr(decoding.Bf16Linear, "__call__", lambda product, inputs: calls.append(
+        (inputs.numel() // inputs.shape[-1], inputs.numel() // inputs.shape[-1] >= product.min_rows))
+        or call(product, inputs))
     encoders = []
     copied.decoding_weights.encoder.register_forward_hook(
         lambda module, args, output: encoders.append(output.last_hidden_state.dtype))
     many = {key: value.repeat(3, 1) for key, value in batch.items()}  # 18 sources
     options = {"num_beams": num_beams, "max_new_tokens": 20}
+    layers = trained.config.decoder_layers
     for inputs in (batch, many):
-        rows.clear()
+        calls.clear()
         assert torch.equal(copied.generate(**inputs, **options), trained.generate(**inputs, **options))
-        assert rows[0] == inputs["input_ids"].shape[0] * num_beams
+        sources, positions = inputs["input_ids"].shape
+        assert calls[:layers] == [(sources * positions, True)] * layers  # the keys and values, in bf16
+        assert calls[layers][0] == sources * num_beams  # then the first step's products
     assert encoders == [torch.bfloat16, torch.bfloat16]
-    rows.clear()
-    copied.generate(**many, num_beams=num_beams, max_new_tokens=12, min_new_tokens=12)  # 12 steps for every row
-    assert len(rows) == 12 * (6 * trained.config.decoder_layers + 1)
-    assert max(rows) >= decoding.BF16_PRODUCTS_MIN_ROWS
+    calls.clear()
+    three = {key: value[:3] for key, value in batch.items()}
+    copied.generate(**three, num_beams=num_beams, max_new_tokens=12, min_new_tokens=12)  # 12 steps for every row
+    assert len(calls) == layers + 12 * (6 * layers + 1)
+    # 3 or 12 rows: the square products in fp32, the output projection in bf16
+    assert {in_bf16 for _, in_bf16 in calls[layers:]} == {False, True}
     with torch.no_grad():
         tokens = trained.generate(**batch, **options)
         assert torch.equal(copied(**batch, decoder_input_ids=tokens).logits,

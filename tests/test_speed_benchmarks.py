@@ -199,17 +199,19 @@ def test_decoding_attention_bf16_times_both_attention_dtypes_and_marian_alternat
 
 def test_decoding_precision_times_each_dtype_and_marian_alternated_with_int8_and_bf16_products_really_used(
         tmp_path, monkeypatch):
-    """Each case times our precisions (bfloat16_products also at each --min_rows and --unpacked) and Marian the same
-    number of times; the bf16 variant holds bf16 weights, the int8 one multiplies through torch._int_mm (and only it), the
-    bf16-products ones in bf16 from their own threshold on, and the table names what --dtype auto picks."""
+    """Each case times our precisions (bfloat16_products also at each --min_rows, --unpacked and --fp32_cross) and
+    Marian the same number of times; the bf16 variant holds bf16 weights, the int8 one multiplies through
+    torch._int_mm (and only it), the bf16-products ones in bf16 from their own threshold on (fp32_cross without a
+    product for the cross-attention keys and values), and the table names what --dtype auto picks."""
     from decoding_precision import MARIAN, main, our_variants
 
     threads = torch.get_num_threads()
     results = main(["--preset", "tiny", "--batch_sizes", "1", "3", "--beams", "1", "2", "--new_tokens", "3",
-                    "--rounds", "2", "--threads", "1", "--min_rows", "2", "--unpacked", "--output",
+                    "--rounds", "2", "--threads", "1", "--min_rows", "2", "--unpacked", "--fp32_cross", "--output",
                     str(tmp_path / "d.json")])
     torch.set_num_threads(threads)
     variants = ["float32", "bfloat16", "bfloat16_products", "bfloat16_products@2", "bfloat16_products_unpacked",
+                "bfloat16_products_fp32_cross",
                 "int8", MARIAN]
     assert results["variants"] == variants
     assert [(case["batch_size"], case["beams"]) for case in results["cases"]] == [(1, 1), (1, 2), (3, 1), (3, 2)]
@@ -217,7 +219,7 @@ def test_decoding_precision_times_each_dtype_and_marian_alternated_with_int8_and
         assert [len(case["seconds"][variant]) for variant in variants] == [2] * len(variants)
         assert min(case["us_per_new_token"].values()) > 0 and set(case["over_marian"]) == set(variants[:-1])
     model = ScratchTransformerForConditionalGeneration(ScratchTransformerConfig.from_preset("tiny", vocab_size=50))
-    copies = our_variants(model.eval(), [2], unpacked=True)
+    copies = our_variants(model.eval(), [2], unpacked=True, fp32_cross=True)
     assert {p.dtype for p in copies["bfloat16"].parameters()} == {torch.bfloat16}
     output_projections = {name: copies[name].decoding_weights.output_projection
                           for name in ("bfloat16_products", "bfloat16_products_unpacked")}
@@ -236,7 +238,11 @@ def test_decoding_precision_times_each_dtype_and_marian_alternated_with_int8_and
         calls.clear(), rows_in_bf16.clear()
         run_generate(variant, batch, 2, 2)  # two beams: 2 rows a step
         assert bool(calls) == (name == "int8")
+        if name.startswith("bfloat16_products"):  # the keys and values a product of their own but in fp32_cross
+            layers = len(variant.decoding_weights.decoder_layers)
+            assert len(rows_in_bf16) == (0 if name.endswith("fp32_cross") else layers) + 2 * (6 * layers + 1)
         expected = {"bfloat16_products": {False}, "bfloat16_products_unpacked": {False},  # fp32 at 2 rows
+                    "bfloat16_products_fp32_cross": {False},
                     "bfloat16_products@2": {True}}.get(name, set())
         assert set(rows_in_bf16) == expected, name
     markdown = (tmp_path / "d.md").read_text()
@@ -396,6 +402,34 @@ def test_bench_speed_checks_the_goals_in_every_precision_and_refuses_a_report_wi
     assert "add fp32 (--precisions fp32 bf16)" in capsys.readouterr().err
 
 
+def test_bf16_product_rows_times_every_copied_product_in_fp32_and_in_bf16_at_each_row_count(tmp_path, monkeypatch):
+    """Every product bf16_products_for_decoding copies (six a layer, the cross-attention keys and values, the output
+    projection) is timed at each row count in both variants, the bf16 one really through Bf16Linear in bf16; the
+    table gives each product's default threshold as bf16_min_rows computes it."""
+    from bf16_product_rows import main
+
+    calls = []
+    bf16_call = decoding.Bf16Linear.__call__
+    monkeypatch.setattr(decoding.Bf16Linear, "__call__", lambda product, x: calls.append(
+        (x.numel() // x.shape[-1]) >= product.min_rows) or bf16_call(product, x))
+    threads = torch.get_num_threads()
+    results = main(["--preset", "tiny", "--vocab_size", "50", "--rows", "1", "3", "--calls", "2", "--rounds", "2",
+                    "--threads", "1", "--output", str(tmp_path / "p.json")])
+    torch.set_num_threads(threads)
+    names = ["self_query_key_value", "self_output", "cross_query", "cross_output", "fc1", "fc2", "cross_key_value",
+             "output_projection"]
+    assert list(results["products"]) == names
+    assert len(calls) == len(names) * 2 * (10 + 2 * 2) and all(calls)  # warm-up and timed calls, all in bf16
+    for name, row in results["products"].items():
+        assert [case["rows"] for case in row["cases"]] == [1, 3]
+        assert min(min(case["fp32_us"], case["bf16_us"]) for case in row["cases"]) > 0
+        assert row["bf16_min_rows"] == decoding.bf16_min_rows(torch.empty(*row["shape"]))
+    assert results["products"]["output_projection"]["shape"] == [50, 64]
+    assert results["products"]["cross_key_value"]["shape"] == [128, 64]
+    markdown = (tmp_path / "p.md").read_text()
+    assert results["machine"]["cpu"] in markdown and "| fc1 (256 × 64) |" in markdown and "| 3 rows |" in markdown
+
+
 @pytest.mark.parametrize("mfu, met", [(0.59, False), (0.60, True)])
 def test_bench_speed_holds_training_mfu_to_the_issues_sixty_percent(mfu, met):
     """The MFU row of bench_speed's targets is issue 43's goal: 60 % of the measured matmul peak."""
@@ -408,3 +442,4 @@ def test_bench_speed_holds_training_mfu_to_the_issues_sixty_percent(mfu, met):
     assert row["met"] is met and row["value"] == f"{mfu:.0%}"
     assert row["gap"] == (None if met else "1 points short")
     assert rows["[small] training tokens/s >= 1.3x MarianMT"]["met"]
+

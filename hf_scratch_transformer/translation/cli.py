@@ -86,9 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "bfloat16_products", "int8"),
                         default="auto",
                         help="pytorch backend: the weights' dtype while translating; or, on a CPU, fp32 weights whose "
-                        "decoding steps multiply in bf16 from 16 rows on (bfloat16_products) or in int8 (default "
-                        "auto: int8 on a CPU with AVX-512 BF16 and no AMX, bfloat16_products on one with AMX, where "
-                        "each translates fastest at the same BLEU; float32 elsewhere)")
+                        "decoding steps multiply in bf16 where a product has rows enough (bfloat16_products) or in "
+                        "int8 (default auto: int8 on a CPU with AVX-512 BF16 and no AMX, bfloat16_products on one "
+                        "with AMX, where each translates fastest at the same BLEU; float32 elsewhere)")
     parser.add_argument("--attention", metavar="PNG",
                         help="draw the cross-attention of the translation of the FIRST non-empty input sentence "
                         "into PNG: the mean over heads of the last layer, plus every layer/head "

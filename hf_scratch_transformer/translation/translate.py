@@ -161,8 +161,9 @@ def inference_precision(device: torch.device | str | None, requested: str = "aut
     On a CPU with AVX-512 BF16 and no AMX (an AMD EPYC) a decoding step is bound by reading its weights: on three
     corpora int8 products (the encoder in bf16) decoded 1.2-2.3x as fast as fp32 (greedy at batch 1 1.9-2.3x) and bf16
     weights 1.3-1.9x, test BLEU within 0.2 of fp32. On a Xeon with AMX bf16 weights and int8 were slower than fp32 at
-    batch 1 (0.77x, 0.81x); bf16 products from 16 rows on (the encoder in bf16) ran greedy at batch 32 1.32x, beam 4
-    at batch 32 1.18x and greedy at batch 1 1.04x as fast as fp32, test BLEU -0.05 / +0.03
+    batch 1 (0.70x, 0.83x); bf16 products where a product has rows enough (`decoding.bf16_min_rows`; the encoder
+    and the cross-attention keys and values in bf16) ran greedy at batch 32 1.27x, beam 4 at batch 32 1.26x and
+    greedy at batch 1 1.01x as fast as fp32, test BLEU +0.26 / +0.08
     (benchmarks/results/inference_precision*.md, decoding_precision_amx.md)."""
     if requested in PRECISIONS:
         return requested
