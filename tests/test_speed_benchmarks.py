@@ -443,3 +443,36 @@ def test_bench_speed_holds_training_mfu_to_the_issues_sixty_percent(mfu, met):
     assert row["gap"] == (None if met else "1 points short")
     assert rows["[small] training tokens/s >= 1.3x MarianMT"]["met"]
 
+
+def test_mfu_ceiling_times_every_weight_product_of_a_step_and_counts_the_flops_train_py_counts(tmp_path, monkeypatch):
+    """Each distinct weight shape is timed forward, input gradient and weight gradient (torch.mm really called for
+    each, every round); the shapes' FLOPs are the step's dense model FLOPs (3 x 2 x weights per token x tokens, as
+    training.flops counts them), and the ceiling is their rate over the higher square peak."""
+    from mfu_ceiling import main
+
+    from hf_scratch_transformer.training.flops import matmul_weights_per_token
+
+    products = []
+    mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b, **kw: products.append((tuple(a.shape), tuple(b.shape)))
+                        or mm(a, b, **kw))
+    threads = torch.get_num_threads()
+    results = main(["--preset", "tiny", "--vocab_size", "100", "--source_tokens", "24", "--target_tokens", "20",
+                    "--repeats", "2", "--peak_seconds", "0.05", "--threads", "1", "--output", str(tmp_path / "m.json")])
+    torch.set_num_threads(threads)
+    shapes = results["shapes"]
+    assert len(shapes) == 8 and shapes[-1]["name"] == "output projection" and shapes[-1]["out"] == 100
+    for shape in shapes:  # an untimed and two timed products of each kind
+        rows, out, inputs = shape["rows"], shape["out"], shape["inputs"]
+        for operands in (((rows, inputs), (inputs, out)), ((rows, out), (out, inputs)), ((out, rows), (rows, inputs))):
+            assert products.count(operands) >= 3, (shape["name"], operands)
+    weights = matmul_weights_per_token(ScratchTransformerConfig.from_preset("tiny", vocab_size=100))
+    dense = 2 * (24 * (weights["encoder_per_source_token"] + weights["cross_key_value_per_source_token"])
+                 + 20 * weights["decoder_per_target_token"])
+    assert results["step_weight_flops"] == 3 * dense
+    rate = results["step_weight_flops"] / results["step_weight_seconds"]
+    assert results["weight_products_flops_per_second"] == rate
+    assert len(results["square_peaks_flops"]) == 2  # before and after
+    assert results["ceiling_mfu"] == rate / max(results["square_peaks_flops"])
+    markdown = (tmp_path / "m.md").read_text()
+    assert results["machine"]["cpu"] in markdown and "| output projection (20 × 100 × 64) | 1 |" in markdown
