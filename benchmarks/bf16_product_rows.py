@@ -22,7 +22,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from common import RESULTS, git_commit, loadavg, machine_info, machine_line, our_config, write_results
+from common import RESULTS, alternate, git_commit, loadavg, machine_info, machine_line, our_config, write_results
 
 from hf_scratch_transformer import ScratchTransformerForConditionalGeneration, decoding
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
                     function()
             timings = {variant: [] for variant in variants}
             for round_ in range(args.rounds):
-                for variant in (list(variants) if round_ % 2 == 0 else list(variants)[::-1]):
+                for variant in alternate(list(variants), round_):
                     started = time.perf_counter()
                     for _ in range(args.calls):
                         variants[variant]()

@@ -60,8 +60,8 @@ def our_variants(ours, min_rows: list[int] = (), unpacked: bool = False, fp32_cr
                 product.packed_weight, product.bf16_weight = None, product.weight.bfloat16()
             elif isinstance(rows, int):
                 product.min_rows = rows
-        name = {None: "bfloat16_products"}.get(rows, f"bfloat16_products_{rows}")
-        variants[name if not isinstance(rows, int) else f"bfloat16_products@{rows}"] = products
+        suffix = "" if rows is None else f"@{rows}" if isinstance(rows, int) else f"_{rows}"
+        variants[f"bfloat16_products{suffix}"] = products
     variants["int8"] = copy.deepcopy(ours)
     quantize_for_decoding(variants["int8"], decoding_encoder_dtype())
     return variants

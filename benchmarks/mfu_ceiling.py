@@ -22,7 +22,7 @@ import statistics
 import time
 
 import torch
-from common import RESULTS, git_commit, loadavg, machine_info, machine_line, our_config, write_results
+from common import RESULTS, alternate, git_commit, loadavg, machine_info, machine_line, our_config, write_results
 
 from hf_scratch_transformer.training.flops import PRECISION_DTYPES, matmul_peak_flops, matmul_weights_per_token
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.mm(left, right)
     seconds = {(index, kind): [] for index, kind, _ in products}
     for round_ in range(args.repeats):
-        for index, kind, (left, right) in (products if round_ % 2 == 0 else products[::-1]):
+        for index, kind, (left, right) in alternate(products, round_):
             started = time.perf_counter()
             torch.mm(left, right)
             seconds[(index, kind)].append(time.perf_counter() - started)
