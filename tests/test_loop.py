@@ -18,6 +18,8 @@ from helpers import MODEL_CARD_TEMPLATE, REPO, fails_with, quick_flags, run_quic
 from safetensors.torch import load_file
 
 from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
+from hf_scratch_transformer.data.batching import padding_fraction
+from hf_scratch_transformer.data.preprocessing import sequence_lengths
 from hf_scratch_transformer.training.loop import StepSchedule, TrainingCallback, training_callbacks
 from hf_scratch_transformer.training.run import main
 
@@ -221,6 +223,35 @@ def test_tokens_per_second_counts_training_time_only(tmp_path):
     assert slow.paused >= 11 * 0.5  # 6 checkpoints and 5 validations during training (the last step: after it)
     assert seconds >= 6 * 0.2 * 0.99, seconds
     assert seconds <= results["train_runtime"] - slow.paused + 0.1, (seconds, results["train_runtime"], slow.paused)
+
+
+class CollatedPadding(TrainingCallback):
+    """The padding of the batches as the loop trained them, and the sampler's figure from the lengths before the
+    training-time changes to the sources."""
+
+    def __init__(self):
+        self.tokens = self.positions = 0
+        self.sampler_figure = None
+
+    def on_train_begin(self, loop):
+        self.sampler_figure = padding_fraction(list(loop.batches.sampler), *sequence_lengths(loop.batches.dataset))
+
+    def on_batch_end(self, loop, indices, batch, loss):
+        self.tokens += int(batch["attention_mask"].sum()) + int((batch["labels"] != -100).sum())
+        self.positions += batch["input_ids"].numel() + batch["labels"].numel()
+
+
+def test_the_padding_fraction_is_that_of_the_batches_trained_after_the_source_changes(tmp_path):
+    """Paraphrases in place of most sources change their lengths after the sampler packed the batches: the run's
+    train_padding_fraction must be the padding of the collated batches it trained on, not the sampler's figure from
+    the lengths before the changes (which read 3.6 % where a default run's batches held 15.7 %)."""
+    collated = CollatedPadding()
+    with training_callbacks(collated):
+        results = run_quick(tmp_path, max_steps=6, logging_steps=2, save_steps=0, eval_steps=0, do_train=True,
+                            source_paraphrase_rate=0.9)
+    measured = 1 - collated.tokens / collated.positions
+    assert results["train_padding_fraction"] == pytest.approx(measured, abs=1e-4)
+    assert measured > collated.sampler_figure + 0.02, (measured, collated.sampler_figure)
 
 
 # ---------------------------------------------------------------------------------------------- what is due at step N

@@ -268,12 +268,6 @@ class TrainingBatches:
         only whole epochs count."""
         return round(epoch + (done / self.per_epoch if self.per_epoch else 0.0), 3)
 
-    def padding_fraction(self) -> float | None:
-        """Padding in the batches of the current epoch (None when streamed)."""
-        if self.sampler is None:
-            return None
-        return round(padding_fraction(list(self.sampler), *sequence_lengths(self.dataset)), 4)
-
     def epoch(self, epoch: int, done: int) -> Iterator[tuple[list[int], dict]]:
         """(example indices, collated batch) of this process for the rest of epoch `epoch`, after the `done` batches
         it already trained on; indices are positions in the (shuffled) stream when streamed."""

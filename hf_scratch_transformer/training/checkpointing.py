@@ -35,6 +35,9 @@ class RunState:
     train_seconds: float = 0.0
     train_flops: float | None = None  # model FLOPs trained (flops.py): 0 at a run's start, None read from a
     # checkpoint written before they were counted (its earlier steps' FLOPs are unknown)
+    train_positions: int | None = None  # source + target positions trained, padding included, as collated (after the
+    # training-time changes to the sources): 0 at a run's start, None read from a checkpoint written before they were
+    # counted
     history: list = field(default_factory=list)
     scheduler: dict = field(default_factory=dict)
     world_size: int = 1  # processes that trained: batches_done_in_epoch counts the batches of each of them
@@ -48,12 +51,20 @@ class RunState:
     wall_seconds: float = 0.0
     stop_reason: str | None = None
 
-    def count_trained(self, seconds: float, tokens: int, flops: float) -> None:
-        """Add a log window's training seconds, tokens and model FLOPs."""
+    def count_trained(self, seconds: float, tokens: int, flops: float, positions: int) -> None:
+        """Add a log window's training seconds, tokens, model FLOPs and positions."""
         self.train_seconds += seconds
         self.train_tokens += tokens
         if self.train_flops is not None:
             self.train_flops += flops
+        if self.train_positions is not None:
+            self.train_positions += positions
+
+    def padding_fraction(self) -> float | None:
+        """The share of the trained batches' positions that held padding (None when the positions are unknown)."""
+        if not self.train_positions:
+            return None
+        return round(1 - self.train_tokens / self.train_positions, 4)
 
 
 # What a resumed run must keep: the schedule (restored from the checkpoint) and the batch order and position, the

@@ -158,17 +158,19 @@ class StepSchedule:
 
 class LogWindow:
     """What was trained since the last log line: the summed loss (a tensor, on the device), batches, tokens, model
-    FLOPs, and the training time since `start`, whose clock stops while validating or saving (`paused`)."""
+    FLOPs, positions (padding included), and the training time since `start`, whose clock stops while validating or
+    saving (`paused`)."""
 
     def __init__(self):
         self.loss: float | torch.Tensor = 0.0
-        self.batches = self.tokens = 0
+        self.batches = self.tokens = self.positions = 0
         self.flops = 0.0
         self.start = time.time()
 
-    def add(self, loss: torch.Tensor, tokens: int, flops: float) -> None:
+    def add(self, loss: torch.Tensor, tokens: int, flops: float, positions: int) -> None:
         self.loss, self.batches, self.tokens = self.loss + loss, self.batches + 1, self.tokens + tokens
         self.flops += flops
+        self.positions += positions
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -176,11 +178,12 @@ class LogWindow:
         yield
         self.start += time.time() - paused
 
-    def totals(self, accelerator: Accelerator) -> tuple[float, int, float, float]:
-        """(training seconds, tokens and model FLOPs of all processes, mean loss of this process's batches)."""
-        work = torch.tensor([self.tokens, round(self.flops)], device=accelerator.device)  # int64: exact
-        tokens, flops = accelerator.reduce(work, "sum").tolist()
-        return time.time() - self.start, tokens, float(flops), float(self.loss) / self.batches
+    def totals(self, accelerator: Accelerator) -> tuple[float, int, float, int, float]:
+        """(training seconds, tokens, model FLOPs and positions of all processes, mean loss of this process's
+        batches)."""
+        work = torch.tensor([self.tokens, round(self.flops), self.positions], device=accelerator.device)  # int64: exact
+        tokens, flops, positions = accelerator.reduce(work, "sum").tolist()
+        return time.time() - self.start, tokens, float(flops), positions, float(self.loss) / self.batches
 
 
 class NonFiniteLoss:
@@ -268,7 +271,7 @@ class TrainingLoop:
         self.accelerator, self.model, self.tokenizer, self.evaluator = accelerator, model, tokenizer, evaluator
         self.batches, self.args, self.recipe, self.output_dir = batches, args, recipe, output_dir
         self.callbacks, self.is_main = list(callbacks), accelerator.is_main_process
-        self.state, self.settings = RunState(train_flops=0.0), resume_settings(args, data_args, recipe)
+        self.state, self.settings = RunState(train_flops=0.0, train_positions=0), resume_settings(args, data_args, recipe)
         self.last_checkpoint: Path | None = None
         self.final_validation: dict | None = None  # the validation of the weights the run ends with, if made
         optimizer = make_optimizer(model, args, accelerator.device)
@@ -347,6 +350,7 @@ class TrainingLoop:
         accelerator, started = self.accelerator, time.perf_counter()
         # Counted on the host before the copy to the device: no synchronisation.
         tokens, flops = tokens_and_flops(self.model.config, batch)
+        positions = batch["input_ids"].numel() + batch["labels"].numel()
         batch = {key: value.to(accelerator.device, non_blocking=True) for key, value in batch.items()}
         with accelerator.accumulate(self.train_model):
             loss = self._loss(batch)
@@ -357,7 +361,7 @@ class TrainingLoop:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.state.batches_done_in_epoch += 1
-        self.window.add(loss.detach(), tokens, flops)
+        self.window.add(loss.detach(), tokens, flops, positions)
         if self.threads is not None:
             self.threads.record(tokens, time.perf_counter() - started)
         for callback in self.callbacks:
@@ -432,8 +436,8 @@ class TrainingLoop:
         """Loss, learning rate and tokens/s (all processes' tokens) of the steps since the last log line."""
         state, batches = self.state, self.batches
         self._fit_schedule()
-        seconds, tokens, flops, loss = self.window.totals(self.accelerator)
-        state.count_trained(seconds, tokens, flops)
+        seconds, tokens, flops, positions, loss = self.window.totals(self.accelerator)
+        state.count_trained(seconds, tokens, flops, positions)
         row = {"step": state.global_step, "epoch": batches.epoch_fraction(state.epoch, state.batches_done_in_epoch),
                "train_loss": round(loss, 4), "learning_rate": self.scheduler.get_last_lr()[0],
                "tokens_per_second": round(tokens / max(seconds, 1e-9), 1)}
@@ -512,7 +516,7 @@ def train_results(loop: TrainingLoop, runtime: float) -> dict:
         "epoch": loop.batches.epoch_fraction(state.epoch, state.batches_done_in_epoch),
         "train_steps": steps,
         **training_throughput(state, loop.matmul_peaks),
-        "train_padding_fraction": loop.batches.padding_fraction(),
+        "train_padding_fraction": state.padding_fraction(),
         "train_precision": loop.recipe.precision,
         **({"train_cpu_threads": loop.threads.current, "train_cpu_thread_changes": loop.threads.changes,
             "train_cpu_thread_limit": loop.threads.limit.describe()} if loop.threads is not None else {}),
