@@ -271,7 +271,8 @@ class TrainingLoop:
         self.accelerator, self.model, self.tokenizer, self.evaluator = accelerator, model, tokenizer, evaluator
         self.batches, self.args, self.recipe, self.output_dir = batches, args, recipe, output_dir
         self.callbacks, self.is_main = list(callbacks), accelerator.is_main_process
-        self.state, self.settings = RunState(train_flops=0.0, train_positions=0), resume_settings(args, data_args, recipe)
+        self.state = RunState(train_flops=0.0, train_positions=0)
+        self.settings = resume_settings(args, data_args, recipe)
         self.last_checkpoint: Path | None = None
         self.final_validation: dict | None = None  # the validation of the weights the run ends with, if made
         optimizer = make_optimizer(model, args, accelerator.device)
