@@ -59,7 +59,8 @@ def test_a_person_translates_and_explores_the_attention_in_chromium(served_demo,
     url, model_dir, sentence = served_demo
     screenshots = Path(os.environ.get("DEMO_SCREENSHOT_DIR", tmp_path))
     screenshots.mkdir(parents=True, exist_ok=True)
-    model, tokenizer = load_model_and_tokenizer(model_dir)
+    # as the served demo loads it (its --dtype auto: int8 or bf16 products on some CPUs), so that its scores match
+    model, tokenizer = load_model_and_tokenizer(model_dir, dtype="auto")
     beams = demo.default_beams(model)  # the page's settings at start: beam search, n-best of min(3, beams)
     protect = tokenizer_has_sentinels(tokenizer)  # the toggle's state at start
     shown = demo.translate_text(model, tokenizer, sentence, num_beams=beams, num_hypotheses=min(3, beams),
