@@ -5,6 +5,11 @@ cores, the two dtypes alternated product by product (ABAB), so that a load that 
     python benchmarks/matmul_peak.py                    # sizes 1024 2048 4096 8192, 5 rounds (~3-5 min on 2 cores)
     python benchmarks/matmul_peak.py --quick            # sizes 1024 2048, 3 rounds (seconds)
     python benchmarks/matmul_peak.py --sizes 2048 4096 --rounds 7 --threads 1 2
+    python benchmarks/matmul_peak.py --precisions fp32 bf16 --sizes 1024   # bf16 on a CPU without bf16 units too
+
+On a CPU without bf16 units (neither AMX nor AVX-512 BF16) bf16 is emulated and only fp32 is timed unless
+`--precisions` asks for bf16: there a 1,024-square bf16 product ran at 0.9 GFLOP/s (AMD EPYC with AVX2 only,
+against 80-106 in fp32), so the default sizes would take an hour.
 
 The timing is the package's (hf_scratch_transformer.training.flops: `square_operands`, `timed_matmul`), the one
 train.py's `train_mfu` divides by; each (dtype, size) gets one untimed product first. Writes
@@ -27,6 +32,11 @@ from hf_scratch_transformer.training.flops import PRECISION_DTYPES, square_opera
 PRECISIONS = ("fp32", "bf16")
 
 
+def default_precisions() -> list[str]:
+    """fp32, and bf16 where the CPU has bf16 matrix units (elsewhere it is emulated, and very slow)."""
+    return list(PRECISIONS) if cpu_bf16_units() else ["fp32"]
+
+
 def cpu_slug() -> str:
     """A file-name form of the CPU: its model name without trademarks, and its bf16 units ("amx", "avx512_bf16",
     "no_bf16")."""
@@ -35,22 +45,22 @@ def cpu_slug() -> str:
     return "_".join(re.findall(r"[a-z0-9]+", name.lower()) + [units])
 
 
-def measure_threads(threads: int, sizes: list[int], rounds: int) -> dict:
+def measure_threads(threads: int, sizes: list[int], rounds: int, precisions: list[str]) -> dict:
     """{precision: {size: [GFLOP/s of each round]}} at `threads` threads: per size, one untimed product per dtype,
     then `rounds` rounds of one product per dtype in alternating order."""
     torch.set_num_threads(threads)
-    rates = {precision: {} for precision in PRECISIONS}
+    rates = {precision: {} for precision in precisions}
     for size in sizes:
-        operands = {precision: square_operands(size, PRECISION_DTYPES[precision]) for precision in PRECISIONS}
-        for precision in PRECISIONS:
+        operands = {precision: square_operands(size, PRECISION_DTYPES[precision]) for precision in precisions}
+        for precision in precisions:
             timed_matmul(operands[precision])
-        for precision in PRECISIONS:
+        for precision in precisions:
             rates[precision][str(size)] = []
         for round_ in range(rounds):
-            for precision in alternate(list(PRECISIONS), round_):
+            for precision in alternate(list(precisions), round_):
                 rates[precision][str(size)].append(round(timed_matmul(operands[precision]) / 1e9, 1))
         print(f"{threads} thread(s), {size}: " + ", ".join(
-            f"{precision} {median(rates[precision][str(size)]):.0f} GFLOP/s" for precision in PRECISIONS), flush=True)
+            f"{precision} {median(rates[precision][str(size)]):.0f} GFLOP/s" for precision in precisions), flush=True)
         del operands
     return rates
 
@@ -61,31 +71,36 @@ def summary(rates: dict) -> dict:
     for precision, by_size in rates.items():
         best = max(by_size, key=lambda size: median(by_size[size]))
         out[precision] = {"peak_gflops": median(by_size[best]), "best_size": int(best)}
-    out["bf16_over_fp32"] = out["bf16"]["peak_gflops"] / out["fp32"]["peak_gflops"]
+    if "bf16" in out and "fp32" in out:
+        out["bf16_over_fp32"] = out["bf16"]["peak_gflops"] / out["fp32"]["peak_gflops"]
     return out
 
 
 def render(results: dict) -> str:
     machine = results["machine"]
+    precisions = results.get("precisions", list(PRECISIONS))
+    both = int("fp32" in precisions and "bf16" in precisions)
     lines = [f"# Matrix-multiply peak of this CPU: {machine['cpu']}", "",
              f"bf16 matrix units: **{results['bf16_units'] or 'none (bf16 is emulated)'}**; AVX-512 "
              f"{'yes' if machine['avx512f'] else 'no'}. {machine_line(machine)}",
              f"Load average (1, 5, 15 min) before: {results['loadavg_before']}, after: {results['loadavg_after']}.",
              f"Square `torch.mm`, GFLOP/s (2·n³ / seconds of one product): median of {results['rounds']} rounds, "
-             "fp32 and bf16 alternated product by product (ABAB), min-max in brackets; one untimed product each "
-             "first.", "",
-             "| threads | size | fp32 | bf16 | bf16 / fp32 |", "|---:|---:|---:|---:|---:|"]
+             f"{' and '.join(precisions)} alternated product by product (ABAB), min-max in brackets; one untimed "
+             "product each first.", "",
+             f"| threads | size | {' | '.join(precisions)} |{' bf16 / fp32 |' if both else ''}",
+             f"|---:|---:|{'---:|' * (len(precisions) + both)}"]
     for threads, rates in results["gflops"].items():
-        for size in rates["fp32"]:
-            fp32, bf16 = rates["fp32"][size], rates["bf16"][size]
-            lines.append(f"| {threads} | {size} | {median(fp32):,.0f} ({min(fp32):,.0f}-{max(fp32):,.0f}) | "
-                         f"{median(bf16):,.0f} ({min(bf16):,.0f}-{max(bf16):,.0f}) | "
-                         f"{median(bf16) / median(fp32):.1f}x |")
-    lines += ["", "| threads | fp32 peak | bf16 peak | bf16 / fp32 |", "|---:|---:|---:|---:|"]
+        for size in rates[precisions[0]]:
+            cells = [f"{median(rates[p][size]):,.0f} ({min(rates[p][size]):,.0f}-{max(rates[p][size]):,.0f})"
+                     for p in precisions]
+            ratio = [f"{median(rates['bf16'][size]) / median(rates['fp32'][size]):.2f}x"] if both else []
+            lines.append(f"| {threads} | {size} | " + " | ".join(cells + ratio) + " |")
+    lines += ["", f"| threads | {' | '.join(f'{p} peak' for p in precisions)} |{' bf16 / fp32 |' if both else ''}",
+              f"|---:|{'---:|' * (len(precisions) + both)}"]
     for threads, peak in results["peaks"].items():
-        lines.append(f"| {threads} | **{peak['fp32']['peak_gflops']:,.0f}** GFLOP/s (n={peak['fp32']['best_size']}) "
-                     f"| **{peak['bf16']['peak_gflops']:,.0f}** GFLOP/s (n={peak['bf16']['best_size']}) | "
-                     f"{peak['bf16_over_fp32']:.1f}x |")
+        cells = [f"**{peak[p]['peak_gflops']:,.0f}** GFLOP/s (n={peak[p]['best_size']})" for p in precisions]
+        ratio = [f"{peak['bf16_over_fp32']:.2f}x"] if both else []
+        lines.append(f"| {threads} | " + " | ".join(cells + ratio) + " |")
     lines += ["", "train.py measures the same products in about a second at the start of training, in the precision "
               "it trains in, and divides its model FLOP/s by that (`train_mfu` in train_results.json; "
               "docs/training.md, \"FLOPs and MFU\")."]
@@ -98,14 +113,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--sizes", type=int, nargs="+", default=None, help="default 1024 2048 4096 8192")
     ap.add_argument("--rounds", type=int, default=None, help="timed products per dtype and size (default 5)")
     ap.add_argument("--threads", type=int, nargs="+", default=None, help="default: 1 and all available cores")
+    ap.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=None,
+                    help="default: fp32, and bf16 where the CPU has bf16 matrix units")
     ap.add_argument("--output", default=None, help="default results/matmul_peak_<cpu>.json (.md beside it)")
     args = ap.parse_args(argv)
+    precisions = args.precisions or default_precisions()
     sizes = args.sizes or ([1024, 2048] if args.quick else [1024, 2048, 4096, 8192])
     rounds = args.rounds or (3 if args.quick else 5)
     thread_counts = args.threads or sorted({1, available_cores()})
     before = loadavg()
-    gflops = {str(threads): measure_threads(threads, sizes, rounds) for threads in thread_counts}
+    gflops = {str(threads): measure_threads(threads, sizes, rounds, precisions) for threads in thread_counts}
     results = {"machine": machine_info(max(thread_counts)), "bf16_units": cpu_bf16_units(), "sizes": sizes,
+               "precisions": precisions,
                "rounds": rounds, "loadavg_before": before, "loadavg_after": loadavg(), "gflops": gflops,
                "peaks": {threads: summary(rates) for threads, rates in gflops.items()}}
     out = args.output or RESULTS / f"matmul_peak_{cpu_slug()}.json"
