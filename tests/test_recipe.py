@@ -87,6 +87,8 @@ def test_bf16_is_the_default_only_where_it_was_measured_to_pay(cpu_flags, flags,
     assert args.bf16 is (None if "--bf16" not in given else given[-1] != "false")  # the flags stay as given
     chosen = "bf16 mixed precision: this CPU has" in recipe.describe()
     assert chosen == (precision == "bf16" and not given)  # the rule's reason said when it chose bf16
+    warned = "emulated on this CPU, which has no bf16 matrix units" in recipe.describe()
+    assert warned == (precision == "bf16" and device == CPU and "avx512_bf16" not in flags)  # bf16 asked for there
     length = recipe.run_length(args, steps_per_epoch=1108)
     assert length.total_steps == budget and f"at most {budget:,} steps" in length.describe()
     assert run_length(RunArguments(max_steps=8), 1108, budget).total_steps == 8  # --max_steps wins
