@@ -54,6 +54,14 @@ def cpu_bf16_units() -> str | None:
     return "AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else None
 
 
+def cpu_int8_units() -> str | None:
+    """The CPU's int8 dot-product units, which decide whether int8 decoding (`torch._int_mm`) pays there: "AMX",
+    "AVX-512 VNNI", "AVX-VNNI" or None (then int8 products run several times slower than fp32 ones)."""
+    flags = cpu_model_and_flags()[1]
+    return ("AMX" if "amx_int8" in flags else "AVX-512 VNNI" if "avx512_vnni" in flags
+            else "AVX-VNNI" if "avx_vnni" in flags else None)
+
+
 def thread_tuner(device, name: str, fixed: int = 0) -> "ThreadTuner | None":
     """The thread policy of one kind of work on `device` (None off the CPU): adapted to the load up to
     `thread_limit()`, or `fixed` (--cpu_threads N) when it is not 0, lowered to that limit with a warning when it is

@@ -291,6 +291,26 @@ def test_dtype_auto_is_int8_with_avx512_bf16_and_no_amx_and_bf16_products_with_a
         assert not hasattr(model, "decoding_weights")
 
 
+@pytest.mark.parametrize("flags, slower", [
+    ({"avx2", "fma"}, {"int8", "bfloat16", "bfloat16_products"}),  # an AMD EPYC (Zen 3): AVX2 only, both emulated
+    ({"avx2", "avx_vnni"}, {"bfloat16", "bfloat16_products"}),  # int8 dot products, no bf16 units
+    ({"avx512_bf16", "avx512_vnni"}, set()),  # an AMD EPYC (Zen 4)
+    ({"avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8"}, set()),  # a Xeon with AMX
+], ids=["avx2", "avx_vnni", "avx512_bf16", "amx"])
+def test_a_dtype_emulated_on_this_cpu_is_loaded_with_one_warning_that_says_so(trained_model_dir, monkeypatch, caplog,
+                                                                             flags, slower):
+    """The CPU's flags faked as /proc/cpuinfo gives them: int8 without int8 dot-product units and bf16 without bf16
+    units load as asked, with a warning naming the dtype; auto, float32 and what the CPU has units for, without."""
+    monkeypatch.setattr(cpu_threads, "cpu_model_and_flags", lambda: ("a CPU", flags))
+    for dtype in ("auto", "float32", "bfloat16", "bfloat16_products", "int8"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="hf_scratch_transformer"):
+            load_model_and_tokenizer(trained_model_dir, "cpu", dtype=dtype)
+        warned = [record.getMessage() for record in caplog.records if "slower than --dtype auto" in record.getMessage()]
+        assert len(warned) == (dtype in slower), (dtype, warned)
+        assert all(message.startswith(f"dtype {dtype} on this CPU, which has no ") for message in warned)
+
+
 def test_a_dtype_that_is_not_offered_is_refused_not_read_as_fp32(trained_model_dir):
     with pytest.raises(ValueError, match="^dtype 'float16' is not one of auto, float32, bfloat16, bfloat16_products, int8$"):
         load_model_and_tokenizer(trained_model_dir, "cpu", dtype="float16")

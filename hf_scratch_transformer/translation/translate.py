@@ -14,6 +14,7 @@ the length bound `max_len_a * source tokens + max_len_b`, n-best with scores and
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Callable
@@ -36,6 +37,7 @@ from ..translation_core import (
     translate_texts,
 )
 
+logger = logging.getLogger("hf_scratch_transformer")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 TEST_SOURCES_FILE = "test_sources.txt"  # a trained model's test sources (line N for prediction N): the demo's examples
 PICKLE_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -176,6 +178,23 @@ def inference_precision(device: torch.device | str | None, requested: str = "aut
     return {"AVX-512 BF16": "int8", "AMX": "bfloat16_products"}.get(cpu_bf16_units(), "float32")
 
 
+def slower_than_float32(precision: str) -> str | None:
+    """Why `precision` decodes slower than float32 on this CPU, or None: int8 on a CPU without int8 dot-product units
+    (AMX, AVX-512 VNNI or AVX-VNNI) and bf16 on one without bf16 units, where each is emulated. "auto" never
+    chooses them there; asked for by name, they are loaded, with this said."""
+    from ..cpu_threads import cpu_bf16_units, cpu_int8_units
+
+    if precision == "int8" and cpu_int8_units() is None:
+        return ("dtype int8 on this CPU, which has no int8 dot-product units (AMX, AVX-512 VNNI or AVX-VNNI): there "
+                "int8 decoding ran at 0.75x float32's speed greedy at batch 1 and 0.10-0.19x at batch 32 (an AMD "
+                "EPYC with AVX2 only), so this translates slower than --dtype auto (float32 here)")
+    if precision in ("bfloat16", "bfloat16_products") and cpu_bf16_units() is None:
+        return (f"dtype {precision} on this CPU, which has no bf16 matrix units (AVX-512 BF16 or AMX): a bf16 "
+                f"product ran some 100x slower than a float32 one (an AMD EPYC with AVX2 only), so this translates "
+                f"slower than --dtype auto (float32 here)")
+    return None
+
+
 def decoding_encoder_dtype() -> torch.dtype:
     """The dtype the encoder runs in under int8 or bf16-products decoding (`decoding.quantize_for_decoding`,
     `decoding.bf16_products_for_decoding`): bf16 on a CPU with bf16 units (AMX or AVX-512 BF16), where it took half
@@ -223,6 +242,8 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: torch.devi
         model.to(device)
     if dtype is not None:  # after the checks, which read the weights as saved
         precision = inference_precision(device, dtype)
+        if torch.device(device or "cpu").type == "cpu" and (slower := slower_than_float32(precision)):
+            logger.warning(slower)
         model.to(torch.bfloat16 if precision == "bfloat16" else torch.float32)
         if precision in DECODING_COPIES:
             DECODING_COPIES[precision](model, decoding_encoder_dtype())
