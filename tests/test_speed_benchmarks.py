@@ -7,14 +7,15 @@ import json
 import pytest
 import torch
 
-from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration, decoding
+from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration, cpu_threads, decoding
 
 
 def test_matmul_peak_writes_both_dtypes_at_each_thread_count_and_names_the_cpu(tmp_path):
     from matmul_peak import main
 
     threads = torch.get_num_threads()
-    results = main(["--sizes", "64", "128", "--rounds", "3", "--threads", "1", "--output", str(tmp_path / "p.json")])
+    results = main(["--sizes", "64", "128", "--rounds", "3", "--threads", "1", "--precisions", "fp32", "bf16",
+                    "--output", str(tmp_path / "p.json")])
     assert torch.get_num_threads() == 1
     torch.set_num_threads(threads)
     saved = json.loads((tmp_path / "p.json").read_text())
@@ -26,6 +27,24 @@ def test_matmul_peak_writes_both_dtypes_at_each_thread_count_and_names_the_cpu(t
     markdown = (tmp_path / "p.md").read_text()
     assert saved["machine"]["cpu"] in markdown and "Load average" in markdown
     assert (results["bf16_units"] or "none") in markdown
+
+
+@pytest.mark.parametrize("flags, timed", [({"avx2", "fma"}, {"fp32"}), ({"avx512_bf16"}, {"fp32", "bf16"}),
+                                          ({"amx_bf16"}, {"fp32", "bf16"})], ids=["avx2", "avx512_bf16", "amx"])
+def test_matmul_peak_times_bf16_only_where_the_cpu_has_bf16_units_unless_asked(tmp_path, monkeypatch, flags, timed):
+    """The CPU's flags faked as /proc/cpuinfo gives them: without bf16 units bf16 is emulated (about 1 GFLOP/s on an
+    AVX2-only EPYC), so by default only fp32 is timed, and the tables name only what was."""
+    from matmul_peak import main
+
+    monkeypatch.setattr(cpu_threads, "cpu_model_and_flags", lambda: ("a CPU", flags))
+    threads = torch.get_num_threads()
+    try:
+        results = main(["--sizes", "64", "--rounds", "1", "--threads", "1", "--output", str(tmp_path / "p.json")])
+    finally:
+        torch.set_num_threads(threads)
+    assert set(results["gflops"]["1"]) == set(results["peaks"]["1"]) - {"bf16_over_fp32"} == timed
+    assert ("bf16_over_fp32" in results["peaks"]["1"]) == ("bf16" in timed)
+    assert ("bf16 peak" in (tmp_path / "p.md").read_text()) == ("bf16" in timed)
 
 
 EOLE_LOG = """[2026-11-26 16:59:05,793 INFO] Step  5/   10; acc: 4.3; ppl: 2149.08; xent: 7.67; aux: 0.000; mtp: 0.000; \
