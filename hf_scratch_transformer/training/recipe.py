@@ -449,7 +449,7 @@ def resolve_recipe(model_args, data_args, args, device: torch.device,
 
 def _emulated(precision: str, device: torch.device) -> str:
     """The warning a bf16 run asked for on a CPU without bf16 matrix units gets in its precision note ("" else)."""
-    if precision != "bf16" or device.type != "cpu" or cpu_bf16_units() is not None:
+    if precision != "bf16" or device.type != "cpu" or bf16_pays_on(device):
         return ""
     return (", emulated on this CPU, which has no bf16 matrix units (AVX-512 BF16 or AMX): there a bf16 matrix "
             "product ran some 100x slower than an fp32 one (0.9 against 80-110 GFLOP/s, an AMD EPYC with AVX2 "
