@@ -1,16 +1,16 @@
 #!/usr/bin/env python
-"""What packing the training batches by the source lengths *after* the epoch's source noise would save, against
-train.py's packing by the lengths before it: the padded positions and the FLOPs a step computes, on train.py's own
-batches of the shipped corpus (or the corpus its flags name).
+"""What packing the training batches by the source lengths *after* each epoch's source noise (train.py's packing)
+saves against packing by the lengths before it (the packing it replaced): the padded positions and the FLOPs a step
+computes, on train.py's own batches of the shipped corpus (or the corpus its flags name).
 
-The sampler (`data.batching.TokenBucketBatchSampler`) packs by the tokenised lengths; the collator
-(`training.augmentation.NoiseCollator`) then changes the sources (paraphrases, plain quotes, lower-casing), so a
-source side padded to its longest changed sentence holds more padding than the packing planned. This script draws
-each epoch's noise exactly as the collator does (its own `_side`, the same seeds), packs the pairs both ways with the
-same budget, and counts, per epoch: batches, real and padded positions on each side, and the model FLOPs of a
-training step over the padded batches (`training.flops.training_flops` at the padded lengths: what the products
-compute) against those of the real tokens (what MFU counts). It also times the noise pass over the whole split, the
-work a packer by the changed lengths would add at each epoch's start (or move there from the collator).
+The sampler (`data.batching.TokenBucketBatchSampler`) packs by lengths; the collator
+(`training.augmentation.NoiseCollator`) changes the sources (paraphrases, plain quotes, lower-casing), so a source
+side packed by its lengths before the noise and padded to its longest changed sentence holds more padding than the
+packing planned. This script draws each epoch's lengths as train.py does (`NoiseCollator.lengths`, the same seeds),
+packs the pairs both ways with the same budget, and counts, per epoch: batches, real and padded positions on each
+side, and the model FLOPs of a training step over the padded batches (`training.flops.training_flops` at the padded
+lengths: what the products compute) against those of the real tokens (what MFU counts). It also times that noise
+pass over the whole split, the work packing after the noise adds at each epoch's start.
 
     python benchmarks/packing_after_noise.py --tokenizer outputs/scratch-small-en-es
     python benchmarks/packing_after_noise.py --tokenizer DIR --epochs 2 -- --train_file data/train.jsonl ...
@@ -73,15 +73,12 @@ def main(argv: list[str] | None = None) -> dict:
                               max_target_length=data_args.max_target_length, paraphrases=paraphrases)
     config = ScratchTransformerConfig.from_preset(args.preset, vocab_size=len(tokenizer))
     source_before, target = sequence_lengths(train)
-    features = [{"input_ids": ids} for ids in train["input_ids"]]
     epochs = []
     for epoch in range(args.epochs):
-        collator.set_epoch(epoch)
         started = time.perf_counter()
-        source_after = np.minimum([len(ids) for start in range(0, len(features), 1024)
-                                   for ids in collator._side(features[start:start + 1024], "input_ids")],
-                                  data_args.max_source_length)
+        source_after, target_after = collator.lengths(train, epoch)  # what train.py now packs each epoch by
         noise_seconds = time.perf_counter() - started
+        assert (target_after == target).all()  # the default recipe changes sources only
         row = {"epoch": epoch, "noise_pass_seconds": noise_seconds}
         for packing, lengths in (("before_noise", source_before), ("after_noise", source_after)):
             sampler = TokenBucketBatchSampler(lengths, target, budget, seed=args.seed)
@@ -89,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
             row[packing] = epoch_costs([np.asarray(b) for b in sampler.all_batches()], source_after, target, config)
         epochs.append(row)
         print(f"epoch {epoch}: {row}", flush=True)
-    results = {"settings": vars(args) | {"train_flags": train_flags, "batch_tokens": budget, "pairs": len(features),
+    results = {"settings": vars(args) | {"train_flags": train_flags, "batch_tokens": budget, "pairs": len(train),
                                          "augmentation": DEFAULT_AUGMENTATION.describe()},
                "machine": machine_info(1), "commit": git_commit(), "load_before": load_before,
                "load_after": loadavg(), "epochs": epochs}
@@ -98,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
         return sum(epoch[row][key] for epoch in epochs)
 
     lines = ["# Packing by the source lengths after the noise, against before it", "",
-             f"{len(features):,} training pairs, {budget:,}-token batches, the default recipe's source noise "
+             f"{len(train):,} training pairs, {budget:,}-token batches, the default recipe's source noise "
              f"({results['settings']['augmentation']}), seed {args.seed}, epochs 0-{args.epochs - 1}; step FLOPs "
              f"of the `{args.preset}` preset (vocabulary {len(tokenizer):,}). Commit {results['commit']}; "
              f"{results['machine']['cpu']}; load average {load_before} before, {results['load_after']} after. "

@@ -574,6 +574,7 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         label_smoothing: float = 0.0,
+        logits_mask: torch.BoolTensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         """Logits (B, T, V) over the target vocabulary, and the mean cross-entropy of those logits when `labels`
@@ -581,7 +582,9 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
 
         Without `decoder_input_ids` the decoder input is the labels shifted right (teacher forcing).
         `label_smoothing` (paper §5.4: 0.1) spreads that much of each target's probability mass over the
-        vocabulary in the loss.
+        vocabulary in the loss. `logits_mask` (B, T) computes the logits of the positions where it is True only,
+        as (N, V) in row-major order: training scores no padding, and the output projection, the largest product
+        of a target token, need not run there.
         """
         if labels is not None:
             use_cache = False
@@ -599,11 +602,14 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
             use_cache=use_cache,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        hidden_states = outputs.last_hidden_state  # (B, T, D)
+        if logits_mask is not None:
+            hidden_states, labels = hidden_states[logits_mask], None if labels is None else labels[logits_mask]
+        logits = self.lm_head(hidden_states)  # (B, T, V), or (N, V) under logits_mask
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
-                logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, label_smoothing=label_smoothing
+                logits.flatten(0, -2).float(), labels.flatten(), ignore_index=-100, label_smoothing=label_smoothing
             )
         # the base model's outputs (cache, hidden states, attentions) go on, its last hidden state became the logits
         return Seq2SeqLMOutput(loss=loss, logits=logits,

@@ -236,21 +236,29 @@ def test_source_noise_is_seeded_and_does_what_it_says():
 def test_source_noise_changes_training_sources_each_epoch_and_never_targets(tmp_path, recorded):
     from transformers import AutoTokenizer
 
-    seen, labels = recorded.seen, recorded.labels
+    def rows(recorder) -> dict:
+        """{(epoch, example): (source ids, target ids)}, padding left out: the noise changes lengths, so the two
+        runs' batches are packed differently."""
+        found = {}
+        for (epoch, indices, input_ids), labels in zip(recorder.seen, recorder.labels):
+            for index, source, target in zip(indices, input_ids.tolist(), labels.tolist()):
+                found[epoch, index] = ([t for t in source if t], [t for t in target if t != -100])
+        return found
+
     flags = dict(max_train_samples=24, max_steps=12, eval_steps=0, save_steps=0, **NO_SOURCE_NOISE)
     run_quick(tmp_path / "noisy", **{**flags, "source_lowercase_rate": 0.5, "source_typo_rate": 0.2})
-    noisy_seen, noisy_labels = list(seen), list(labels)
-    seen.clear(), labels.clear()
+    noisy_rows = rows(recorded)
+    recorded.seen.clear(), recorded.labels.clear()
     run_quick(tmp_path / "plain", **flags)
-    assert [indices for _, indices, _ in seen] == [indices for _, indices, _ in noisy_seen]
-    assert all(torch.equal(a, b) for a, b in zip(labels, noisy_labels))  # targets are never noised
+    plain_rows = rows(recorded)
+    both = plain_rows.keys() & noisy_rows.keys()
+    assert len(both) >= 24  # the same examples in the same epochs (a whole epoch at least)
+    assert all(plain_rows[key][1] == noisy_rows[key][1] for key in both)  # targets are never noised
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "plain")
     sources = collections.defaultdict(dict)
-    for (epoch, indices, plain), (_, _, noisy) in zip(seen, noisy_seen):
-        for index, plain_row, noisy_row in zip(indices, plain.tolist(), noisy.tolist()):
-            plain_text, noisy_text = (tokenizer.decode([t for t in row if t], skip_special_tokens=True)
-                                      for row in (plain_row, noisy_row))
-            sources[index][epoch] = (plain_text, noisy_text)
+    for epoch, index in both:
+        sources[index][epoch] = tuple(tokenizer.decode(found[epoch, index][0], skip_special_tokens=True)
+                                      for found in (plain_rows, noisy_rows))
     pairs = [pair for epochs in sources.values() for pair in epochs.values()]
     assert any(noisy == noisy.lower() and plain != plain.lower() for plain, noisy in pairs)  # lower-cased
     assert any(noisy.lower() != plain.lower() for plain, noisy in pairs)  # misspelt
@@ -284,6 +292,36 @@ def test_sources_the_noise_leaves_alone_keep_their_ids(corpus_tokenizer):
         assert ids in (split, corpus_tokenizer(text.lower())["input_ids"]), epoch
         outcomes.add(ids == split)
     assert outcomes == {True, False}  # left alone in some epochs, lower-cased in others
+
+
+def test_each_epoch_is_packed_by_the_lengths_its_noise_gives(corpus_tokenizer):
+    """The noise changes a source's length (typos, lower-casing, BPE-dropout split words into more pieces), so the
+    token buckets are packed by the lengths each epoch's batches will hold (`NoiseCollator.lengths`, drawn ahead):
+    every collated row has the length drawn for it, and every batch keeps to the budget with its noise in it."""
+    from transformers import DataCollatorForSeq2Seq
+
+    from hf_scratch_transformer.data.batching import TrainingBatches
+    from hf_scratch_transformer.data.loading import DataArguments
+
+    texts = [(source * (1 + i % 3), target) for i, (source, target) in enumerate(PAIRS * 8)]
+    dataset = Dataset.from_dict({"input_ids": [corpus_tokenizer(s)["input_ids"] for s, _ in texts],
+                                 "labels": [corpus_tokenizer(t)["input_ids"] for _, t in texts]})
+    budget = 2 * max(len(ids) for ids in dataset["input_ids"])
+    collator = NoiseCollator(DataCollatorForSeq2Seq(corpus_tokenizer), corpus_tokenizer,
+                             Augmentation(source_typo_rate=0.3, bpe_dropout=0.3), seed=0,
+                             max_lengths={"input_ids": budget, "labels": budget})
+    batches = TrainingBatches(dataset, collator, DataArguments(max_tokens=budget, max_source_length=budget,
+                                                               max_target_length=budget), 8, seed=0)
+    grew = 0
+    for epoch in range(3):
+        source_lengths, target_lengths = collator.lengths(dataset, epoch)
+        for indices, batch in batches.epoch(epoch, 0):
+            held = batch["attention_mask"].sum(1).tolist()
+            assert held == source_lengths[indices].tolist()
+            assert ((batch["labels"] != -100).sum(1)).tolist() == target_lengths[indices].tolist()
+            assert len(indices) * max(batch["input_ids"].shape[1], batch["labels"].shape[1]) <= budget
+            grew += sum(length > len(dataset[i]["input_ids"]) for i, length in zip(indices, held))
+    assert grew  # the noise did lengthen sources, which the packing before it would have put over the budget
 
 
 def test_source_noise_flags_are_checked_before_training(tmp_path):

@@ -95,6 +95,45 @@ def test_resume_with_the_masking_of_protected_spans_changed_is_refused(finished_
     assert "checkpoint-4 was trained with other settings (--mask_protected_spans True -> False)" in message
 
 
+def forget_the_packing(checkpoint):
+    """The run state of `checkpoint` as a version before the batch-packing setting saved it."""
+    state_file = checkpoint / "run_state.json"
+    state = json.loads(state_file.read_text())
+    del state["settings"]["batch_packing"]
+    state_file.write_text(json.dumps(state))
+    marker = checkpoint / CHECKPOINT_COMPLETE  # the checkpoint stays complete: its marker records each file's size
+    complete = json.loads(marker.read_text())
+    complete["files"]["run_state.json"] = state_file.stat().st_size
+    marker.write_text(json.dumps(complete))
+
+
+def test_resume_of_a_noised_run_packed_before_its_noise_is_refused(finished_run, tmp_path, capsys):
+    """Runs saved before the batches were packed by the lengths after the training noise packed them by the
+    tokenised ones: resumed now, the rest of the epoch would be other batches (examples trained twice, others not
+    at all), so it is refused."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    assert read_run_state(run_dir / "checkpoint-4").settings["batch_packing"] == "by the lengths after the training noise"
+    forget_the_packing(run_dir / "checkpoint-4")
+    message = fails_with(tiny_run_flags(run_dir, max_steps=6, resume_from_checkpoint="latest"), capsys)
+    assert ("checkpoint-4 was trained with other settings (the packing of the training batches (this version packs "
+            "them by the lengths the noise gives) 'by the tokenised lengths' -> 'by the lengths after the training "
+            "noise')") in message
+
+
+def test_resume_of_a_run_without_noise_saved_before_the_packing_setting_goes_on(tmp_path, capsys):
+    """Without training noise the packing never changed: such a checkpoint resumes."""
+    run_dir = tmp_path / "run"
+    no_noise = dict(source_paraphrase_rate=0.0, source_plain_quotes_rate=0.0, source_lowercase_rate=0.0,
+                    eval_steps=0, save_steps=2, max_predict_samples=4)
+    assert main(tiny_run_flags(run_dir, max_steps=2, **no_noise), MODEL_CARD_TEMPLATE) == 0
+    assert read_run_state(run_dir / "checkpoint-2").settings["batch_packing"] == "by the tokenised lengths"
+    forget_the_packing(run_dir / "checkpoint-2")
+    assert main(tiny_run_flags(run_dir, max_steps=4, resume_from_checkpoint="latest", **no_noise),
+                MODEL_CARD_TEMPLATE) == 0
+    assert read_run_state(run_dir / "checkpoint-4").global_step == 4
+
+
 def test_resume_from_a_half_copied_checkpoint_is_refused(finished_run, tmp_path, capsys):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)

@@ -92,6 +92,20 @@ def test_teacher_forced_loss_is_the_model_s_own_loss_with_its_gradients():
         torch.testing.assert_close(second.grad, first.grad, msg=name)
 
 
+def test_teacher_forced_loss_runs_the_output_projection_on_the_labelled_positions_only():
+    """The padded target positions (label -100) never reach the output projection: its rows are the labelled ones."""
+    config = ScratchTransformerConfig.from_preset("tiny", vocab_size=97, dropout=0.0)
+    model = ScratchTransformerForConditionalGeneration(config)
+    rows = []
+    model.lm_head.register_forward_hook(lambda module, inputs, output: rows.append(inputs[0].shape[0]))
+    labels = torch.randint(4, 97, (3, 7))
+    labels[0, -4:], labels[2, -1:] = -100, -100
+    batch = {"input_ids": torch.randint(4, 97, (3, 9)), "attention_mask": torch.ones(3, 9, dtype=torch.long),
+             "labels": labels}
+    teacher_forced_loss(model, batch, 0.1).backward()
+    assert rows == [3 * 7 - 5]
+
+
 def test_train_py_s_loop_trains_on_this_loss(monkeypatch):
     """TrainingLoop._loss goes through teacher_forced_loss (so the speed figures of this module are train.py's)."""
     from hf_scratch_transformer.training import loop

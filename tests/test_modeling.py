@@ -71,6 +71,22 @@ def test_training_mode_returns_logits_and_the_loss_is_their_cross_entropy(tiny_c
     torch.testing.assert_close(output.loss, expected)
 
 
+def test_logits_mask_gives_the_logits_of_those_positions_only(tiny_config):
+    """logits_mask (B, T): the output projection runs on the True positions only, (N, V) in row-major order, equal
+    to those positions of the full logits, and the loss is theirs."""
+    model = make_model(tiny_config)
+    scored = LABELS != -100
+    assert not scored.all()
+    seen = []
+    model.lm_head.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0].shape[:-1]))
+    full = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS, label_smoothing=0.1)
+    kept = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS, label_smoothing=0.1,
+                 logits_mask=scored)
+    assert seen == [LABELS.shape, (int(scored.sum()),)]
+    torch.testing.assert_close(kept.logits, full.logits[scored])
+    torch.testing.assert_close(kept.loss, full.loss)
+
+
 def test_decoder_input_is_labels_shifted_right(tiny_config):
     shifted = shift_tokens_right(LABELS, pad_token_id=0, decoder_start_token_id=1)
     assert shifted.tolist() == [[1, 13, 14, 15], [1, 16, 2, 0]]

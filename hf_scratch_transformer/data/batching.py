@@ -12,7 +12,7 @@ gives one process its batches, epoch by epoch, for either kind.
 
 import math
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
 from typing import TypeVar
 
@@ -140,6 +140,10 @@ class TokenBucketBatchSampler(ShardedBatchSampler):
     ``__len__`` is equal on all ranks and, unless ``drop_last``, the union over ranks is the whole epoch without
     overlap.
 
+    `epoch_lengths(epoch)`, when given, returns the (source, target) lengths that epoch's batches will hold (after
+    training-time noise, which changes them): each epoch is then sorted and packed by those, so its batches keep to
+    the budget and to little padding as they are trained on.
+
     Under Accelerate, either build it with ``num_replicas=accelerator.num_processes, rank=accelerator.process_index``
     and do not pass that DataLoader through ``accelerator.prepare`` (no example repeated), or build it with
     ``num_replicas=1`` and let ``prepare`` shard it (Accelerate then evens out the ranks by repeating a few
@@ -156,8 +160,10 @@ class TokenBucketBatchSampler(ShardedBatchSampler):
         num_replicas: int = 1,
         rank: int = 0,
         drop_last: bool = False,
+        epoch_lengths: Callable[[int], tuple[Sequence[int], Sequence[int]]] | None = None,
     ):
         super().__init__(shuffle, seed, num_replicas, rank, drop_last)
+        self.epoch_lengths = epoch_lengths
         if len(src_lengths) != len(tgt_lengths):
             raise ValueError(f"{len(src_lengths)} source lengths but {len(tgt_lengths)} target lengths.")
         # numpy arrays: 4 bytes a pair, where Python lists of ints took ~40
@@ -177,16 +183,22 @@ class TokenBucketBatchSampler(ShardedBatchSampler):
         """This epoch's batches over all processes, in iteration order before sharding."""
         if self._cache and self._cache[0] == self.epoch:
             return self._cache[1]
+        src_lengths, lengths = self.src_lengths, self.lengths
+        if self.epoch_lengths is not None:
+            src_lengths, tgt_lengths = (np.asarray(side, dtype=np.int32) for side in self.epoch_lengths(self.epoch))
+            if len(src_lengths) != len(self.lengths) or len(tgt_lengths) != len(self.lengths):
+                raise ValueError(f"epoch_lengths gave {len(src_lengths)} / {len(tgt_lengths)} lengths for "
+                                 f"{len(self.lengths)} pairs")
+            lengths = np.maximum(src_lengths, tgt_lengths)
         rng = random.Random(self.seed + self.epoch)
-        order = list(range(len(self.lengths)))
+        order = list(range(len(lengths)))
         if self.shuffle:
             rng.shuffle(order)
         order = np.array(order, dtype=np.int64)
         # a stable sort by (length, source length): the shuffle breaks the ties
-        key = self.lengths[order].astype(np.int64) * (int(self.src_lengths.max(initial=0)) + 1) + \
-            self.src_lengths[order]
+        key = lengths[order].astype(np.int64) * (int(src_lengths.max(initial=0)) + 1) + src_lengths[order]
         order = order[np.argsort(key, kind="stable")]
-        batches = list(pack(zip(order.tolist(), self.lengths[order].tolist()), self.max_tokens))
+        batches = list(pack(zip(order.tolist(), lengths[order].tolist()), self.max_tokens))
         if self.shuffle:
             rng.shuffle(batches)
         self._cache = (self.epoch, batches)
@@ -218,12 +230,14 @@ def make_batch_sampler(
     num_replicas: int = 1,
     rank: int = 0,
     drop_last: bool = False,
+    epoch_lengths: Callable[[int], tuple[Sequence[int], Sequence[int]]] | None = None,
 ) -> Sampler[list[int]]:
-    """Token-bucketed batches when ``args.max_tokens`` is set, else fixed batches of ``batch_size`` pairs."""
+    """Token-bucketed batches when ``args.max_tokens`` is set (packed by `epoch_lengths` when given: see
+    TokenBucketBatchSampler), else fixed batches of ``batch_size`` pairs."""
     if args.max_tokens:
         src_lengths, tgt_lengths = sequence_lengths(dataset)
         return TokenBucketBatchSampler(
-            src_lengths, tgt_lengths, args.max_tokens, shuffle, seed, num_replicas, rank, drop_last
+            src_lengths, tgt_lengths, args.max_tokens, shuffle, seed, num_replicas, rank, drop_last, epoch_lengths
         )
     return SentenceBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, num_replicas=num_replicas,
                                 rank=rank, drop_last=drop_last)
@@ -249,14 +263,18 @@ class TrainingBatches:
     """The training batches of one process (`rank` of `num_replicas`), epoch by epoch: an in-memory split through a
     sharded batch sampler (:func:`make_batch_sampler`, reshuffled every epoch with `seed`), or a streamed split
     shuffled with `seed` in a buffer of STREAM_SHUFFLE_BUFFER and packed as it is read (:func:`stream_batches`).
-    `collator` turns a list of features into a batch; if it has `set_epoch`, it is told the epoch first."""
+    `collator` turns a list of features into a batch; if it has `set_epoch`, it is told the epoch first, and if it
+    has `lengths(dataset, epoch)` (training.augmentation.NoiseCollator: the lengths after its noise), an in-memory
+    split's token buckets are packed by those."""
 
     def __init__(self, dataset, collator, data_args: DataArguments, batch_size: int, seed: int, num_replicas: int = 1,
                  rank: int = 0, num_workers: int = 0):
         self.dataset, self.collator, self.data_args, self.batch_size = dataset, collator, data_args, batch_size
         self.seed, self.num_replicas, self.rank, self.num_workers = seed, num_replicas, rank, num_workers
+        epoch_lengths = (lambda epoch: collator.lengths(dataset, epoch)) if hasattr(collator, "lengths") else None
         self.sampler = None if data_args.streaming else make_batch_sampler(
-            dataset, data_args, batch_size, shuffle=True, seed=seed, num_replicas=num_replicas, rank=rank)
+            dataset, data_args, batch_size, shuffle=True, seed=seed, num_replicas=num_replicas, rank=rank,
+            epoch_lengths=epoch_lengths)
         self.per_epoch = 0 if self.sampler is None else len(self.sampler)  # this process's; unknown when streamed
 
     def steps_per_epoch(self, accumulation: int) -> int | None:

@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
+import numpy as np
 from datasets import IterableDataset
 from transformers import PreTrainedTokenizerFast
 
@@ -345,7 +346,8 @@ class NoiseCollator:
     given `SourceNoise`, and the texts are encoded again with BPE-dropout when its rate is above 0; without it, only
     the sources the noise changed are encoded again (the others keep their ids). Every draw is seeded by `seed`, the
     epoch (`set_epoch`) and the text. Sequences stay within `max_lengths` ({"input_ids": ..., "labels": ...},
-    `</s>` kept). Build it with `noise_collator`, which leaves a run without augmentation the plain collator."""
+    `</s>` kept). `lengths` draws an epoch's noise ahead, so that its batches are packed by the lengths they will
+    hold (data.batching.TrainingBatches). Build it with `noise_collator`, which leaves a run without augmentation the plain collator."""
 
     def __init__(self, collator, tokenizer, augmentation: Augmentation, *, seed: int, max_lengths: dict[str, int],
                  paraphrases: dict[str, list[str]] | None = None):
@@ -359,15 +361,32 @@ class NoiseCollator:
 
     def __call__(self, features: list[dict]) -> dict:
         encoded = [{} for _ in features]
-        for key, max_length in self.max_lengths.items():
-            for example, ids in zip(encoded, self._side(features, key)):
-                example[key] = ids if len(ids) <= max_length else ids[: max_length - 1] + ids[-1:]
+        for key in self.max_lengths:
+            for example, ids in zip(encoded, self.side(features, key, self.epoch)):
+                example[key] = ids
         for example in encoded:
             example["attention_mask"] = [1] * len(example["input_ids"])
         return self.collator(encoded)
 
-    def _side(self, features: list[dict], key: str) -> list[list[int]]:
-        """The ids of one side ("input_ids" or "labels") of every pair, with its noise drawn."""
+    def lengths(self, dataset, epoch: int, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+        """(source lengths, target lengths) of every pair of `dataset` (its `input_ids` and `labels`) as epoch
+        `epoch`'s batches will hold them, after their noise: what that epoch's batches are packed by."""
+        lengths = []
+        for key in self.max_lengths:
+            column = dataset[key]
+            lengths.append(np.fromiter((len(ids) for start in range(0, len(column), chunk)
+                                        for ids in self.side([{key: ids} for ids in column[start:start + chunk]],
+                                                             key, epoch)), dtype=np.int32, count=len(column)))
+        return lengths[0], lengths[1]
+
+    def side(self, features: list[dict], key: str, epoch: int) -> list[list[int]]:
+        """The ids of one side ("input_ids" or "labels") of every pair under epoch `epoch`'s noise, cut to that
+        side's maximum length (`</s>` kept)."""
+        max_length = self.max_lengths[key]
+        return [ids if len(ids) <= max_length else ids[: max_length - 1] + ids[-1:]
+                for ids in self._noised(features, key, epoch)]
+
+    def _noised(self, features: list[dict], key: str, epoch: int) -> list[list[int]]:
         noised = key == "input_ids" and bool(self.source_noise)
         all_ids = [feature[key] for feature in features]
         if self.dropout is None and not noised:  # nothing to redraw on this side: keep its ids
@@ -375,13 +394,13 @@ class NoiseCollator:
         texts = self.tokenizer.batch_decode(all_ids, skip_special_tokens=True)
         plain = texts
         if noised:
-            texts = [self.source_noise.apply(text, random.Random(f"{self.seed}:{self.epoch}:noise:{text}"))
+            texts = [self.source_noise.apply(text, random.Random(f"{self.seed}:{epoch}:noise:{text}"))
                      for text in plain]
         if self.dropout is not None:
-            return [self.dropout.encode(text, random.Random(f"{self.seed}:{self.epoch}:{key}:{text}"))
+            return [self.dropout.encode(text, random.Random(f"{self.seed}:{epoch}:{key}:{text}"))
                     for text in texts]
         changed = [i for i, (text, before) in enumerate(zip(texts, plain)) if text != before]
-        if changed:  # only the sentences the noise changed need encoding again (cut to the maxima in __call__)
+        if changed:  # only the sentences the noise changed need encoding again
             for i, ids in zip(changed, self.tokenizer([texts[i] for i in changed], verbose=False)["input_ids"]):
                 all_ids[i] = ids
         return all_ids

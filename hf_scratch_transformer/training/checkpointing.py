@@ -82,6 +82,12 @@ RESUME_SETTINGS = {"args": ("learning_rate", "warmup_steps", "lr_scheduler_type"
 # link, is the same setting (what the file holds is checked by the data fingerprint)
 PATH_SETTINGS = ("train_file",)
 STEP_BUDGET_SETTING = "step_budget"  # the run-length rule's steps, kept in the settings of a run that uses the rule
+# How the token buckets are packed (data.batching.TrainingBatches): by the lengths after each epoch's training noise
+# when the augmentation changes anything, else by the tokenised lengths, the only packing of runs saved before the
+# setting existed (their checkpoints lack it and read as that).
+PACKING_SETTING = "batch_packing"
+PACKED_AFTER_NOISE, PACKED_AS_TOKENISED = "by the lengths after the training noise", "by the tokenised lengths"
+SETTINGS_OF_OLDER_RUNS = {PACKING_SETTING: PACKED_AS_TOKENISED}
 ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
                        "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "normalize_before",
                        "max_position_embeddings", "share_encoder_decoder_embeddings", "tie_word_embeddings")
@@ -97,6 +103,8 @@ def resume_settings(args, data_args, recipe) -> dict:
     settings.update({name: _same_path(settings[name]) for name in PATH_SETTINGS})
     if args.max_steps <= 0 and args.num_train_epochs is None:  # the run-length rule: its budget sets the schedule
         settings[STEP_BUDGET_SETTING] = recipe.step_budget
+    noised = any(recipe.augmentation.settings().values())
+    settings[PACKING_SETTING] = PACKED_AFTER_NOISE if noised else PACKED_AS_TOKENISED
     return settings
 
 
@@ -166,6 +174,7 @@ def check_same_settings(checkpoint: Path, saved: dict, current: dict) -> None:
     def comparable(name: str, value):
         return _same_path(value) if name in PATH_SETTINGS else value
 
+    saved = SETTINGS_OF_OLDER_RUNS | saved
     changed = [f"{_setting_name(name)} {saved[name]!r} -> {current[name]!r}" for name in current
                if name in saved and comparable(name, saved[name]) != comparable(name, current[name])]
     if changed:
@@ -182,6 +191,8 @@ def _same_path(value: str | None) -> str | None:
 
 
 def _setting_name(name: str) -> str:
+    if name == PACKING_SETTING:
+        return "the packing of the training batches (this version packs them by the lengths the noise gives)"
     if name == STEP_BUDGET_SETTING:
         return ("the run-length rule's steps (its budget depends on the precision and on the memory allocator, "
                 "tcmalloc or not: docs/training.md)")

@@ -72,11 +72,13 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smo
 
 def teacher_forced_loss(model, batch: dict, smoothing: float) -> torch.Tensor:
     """The training loss of a batch (`input_ids`, `attention_mask`, `labels`, each (B, length)): the decoder reads
-    the labels shifted right, and its logits are scored against the labels."""
+    the labels shifted right, and its logits at the positions with a label (`logits_mask`: the output projection
+    skips the padding) are scored against them."""
     labels = batch["labels"]
+    scored = labels != IGNORE_INDEX  # (B, T)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   decoder_input_ids=shift_right(model, labels), use_cache=False).logits
-    return label_smoothed_cross_entropy(logits, labels, smoothing)
+                   decoder_input_ids=shift_right(model, labels), use_cache=False, logits_mask=scored).logits
+    return label_smoothed_cross_entropy(logits, labels[scored], smoothing)
 
 
 def shift_right(model, labels: torch.Tensor) -> torch.Tensor:
