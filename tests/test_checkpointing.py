@@ -266,3 +266,21 @@ def test_resume_with_the_corpus_named_by_another_path_goes_on_and_another_file_i
     # recorded as the file it names, so that the message names both files in full
     assert (f"was trained with other settings (--train_file {os.path.realpath(corpus)!r} -> "
             f"{os.path.realpath(tmp_path / 'copy.jsonl')!r})") in message
+
+
+@pytest.mark.parametrize("flags, packing", [
+    ({}, "by the lengths after the training noise"),  # the default recipe's noise, token buckets
+    ({"streaming": True}, "by the tokenised lengths"),  # a stream is packed in its order, not by length
+    ({"max_tokens": 0}, "by the tokenised lengths"),  # fixed-size batches: not packed by length
+    ({"source_paraphrase_rate": 0.0, "source_plain_quotes_rate": 0.0, "source_lowercase_rate": 0.0},
+     "by the tokenised lengths"),  # no noise
+])
+def test_the_packing_setting_changes_only_where_the_packing_did(tmp_path, flags, packing):
+    """Only runs whose batches the new packing changes refuse a checkpoint saved before the setting existed."""
+    from hf_scratch_transformer.training.arguments import parse_arguments
+    from hf_scratch_transformer.training.checkpointing import resume_settings
+    from hf_scratch_transformer.training.recipe import resolve_recipe
+
+    model_args, data_args, args = parse_arguments(quick_flags(tmp_path, **flags))
+    recipe = resolve_recipe(model_args, data_args, args, torch.device("cpu"))
+    assert resume_settings(args, data_args, recipe)["batch_packing"] == packing

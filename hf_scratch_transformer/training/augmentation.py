@@ -347,7 +347,8 @@ class NoiseCollator:
     the sources the noise changed are encoded again (the others keep their ids). Every draw is seeded by `seed`, the
     epoch (`set_epoch`) and the text. Sequences stay within `max_lengths` ({"input_ids": ..., "labels": ...},
     `</s>` kept). `lengths` draws an epoch's noise ahead, so that its batches are packed by the lengths they will
-    hold (data.batching.TrainingBatches). Build it with `noise_collator`, which leaves a run without augmentation the plain collator."""
+    hold (data.batching.TrainingBatches). Build it with `noise_collator`, which leaves a run without augmentation
+    the plain collator."""
 
     def __init__(self, collator, tokenizer, augmentation: Augmentation, *, seed: int, max_lengths: dict[str, int],
                  paraphrases: dict[str, list[str]] | None = None):

@@ -82,9 +82,9 @@ RESUME_SETTINGS = {"args": ("learning_rate", "warmup_steps", "lr_scheduler_type"
 # link, is the same setting (what the file holds is checked by the data fingerprint)
 PATH_SETTINGS = ("train_file",)
 STEP_BUDGET_SETTING = "step_budget"  # the run-length rule's steps, kept in the settings of a run that uses the rule
-# How the token buckets are packed (data.batching.TrainingBatches): by the lengths after each epoch's training noise
-# when the augmentation changes anything, else by the tokenised lengths, the only packing of runs saved before the
-# setting existed (their checkpoints lack it and read as that).
+# How the token buckets of an in-memory split are packed (data.batching.TrainingBatches): by the lengths after each
+# epoch's training noise when the augmentation changes anything, else (and for a streamed split or fixed-size batches,
+# which are not packed by length) as before the setting existed: checkpoints saved then lack it and read as that.
 PACKING_SETTING = "batch_packing"
 PACKED_AFTER_NOISE, PACKED_AS_TOKENISED = "by the lengths after the training noise", "by the tokenised lengths"
 SETTINGS_OF_OLDER_RUNS = {PACKING_SETTING: PACKED_AS_TOKENISED}
@@ -103,7 +103,8 @@ def resume_settings(args, data_args, recipe) -> dict:
     settings.update({name: _same_path(settings[name]) for name in PATH_SETTINGS})
     if args.max_steps <= 0 and args.num_train_epochs is None:  # the run-length rule: its budget sets the schedule
         settings[STEP_BUDGET_SETTING] = recipe.step_budget
-    noised = any(recipe.augmentation.settings().values())
+    packed_by_length = bool(recipe.batch_tokens) and not data_args.streaming
+    noised = packed_by_length and any(recipe.augmentation.settings().values())
     settings[PACKING_SETTING] = PACKED_AFTER_NOISE if noised else PACKED_AS_TOKENISED
     return settings
 
