@@ -12,7 +12,8 @@ states and attention weights are recorded by `capture_outputs`. Only torch, tran
 imported, so the file also runs as `trust_remote_code` from a saved directory.
 
 Shapes: B batch, S source length, T target tokens in this call, K keys (cached + new), D d_model, H heads,
-Dh = D / H head width, F feed-forward width, V vocabulary. Tensors are (B, L, D) throughout.
+Dh = D / H head width, F feed-forward width, V vocabulary. Tensors are (B, L, D) throughout, except where a
+training batch skips its padding (`RealPositions`): then the stacks carry the N real positions as (N, D).
 """
 
 import math
@@ -53,6 +54,34 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     decoder_input_ids[:, 1:] = labels[:, :-1]
     decoder_input_ids[:, 0] = decoder_start_token_id
     return decoder_input_ids.masked_fill_(decoder_input_ids == -100, pad_token_id)
+
+
+def is_right_padded(mask: torch.Tensor) -> bool:
+    """Whether mask (B, L) is True on a prefix of each row (and False after it)."""
+    return not (mask[:, 1:] & ~mask[:, :-1]).any()
+
+
+class RealPositions:
+    """The real (non-padding) positions of a padded batch, so that training computes nothing at its padding.
+
+    Every sublayer but attention treats each position alike (§3.3), so a stack can run them on the N real
+    positions alone, as (N, D) rows; attention, the one sublayer that mixes positions, lays its projections out as
+    (B, L, D) again, zeros at the padding, which its mask hides (tensor2tensor's PadRemover, for every sublayer).
+    """
+
+    def __init__(self, mask: torch.Tensor):
+        """mask (B, L), True at real positions."""
+        self.batch_size, self.length = mask.shape
+        self.index = mask.flatten().nonzero()[:, 0]  # (N,), row-major: the order of `tensor[mask]`
+
+    def remove(self, padded: torch.Tensor) -> torch.Tensor:
+        """(B, L, ...) -> (N, ...)."""
+        return padded.flatten(0, 1).index_select(0, self.index)
+
+    def restore(self, rows: torch.Tensor) -> torch.Tensor:
+        """(N, ...) -> (B, L, ...), zeros at the padding."""
+        padded = rows.new_zeros(self.batch_size * self.length, *rows.shape[1:]).index_copy(0, self.index, rows)
+        return padded.view(self.batch_size, self.length, *rows.shape[1:])
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -160,18 +189,28 @@ class MultiHeadAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         cache: Cache | None = None,
+        positions: RealPositions | None = None,
+        encoder_positions: RealPositions | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states (B, T, D) [, encoder_hidden_states (B, S, D)] -> (B, T, D), weights (B, H, T, K) or None."""
-        batch_size, length, _ = hidden_states.shape
-        query = self.split_heads(self.q_proj(hidden_states))  # (B, H, T, Dh)
+        """hidden_states (B, T, D) [, encoder_hidden_states (B, S, D)] -> (B, T, D), weights (B, H, T, K) or None.
+
+        With `positions` (and `encoder_positions`), hidden_states (and encoder_hidden_states) are the real positions'
+        (N, D) rows, and so is the output: the projections run on real positions only."""
         keys_from = encoder_hidden_states if self.is_cross_attention else hidden_states  # (B, S or T, D)
+        key_positions = encoder_positions if self.is_cross_attention else positions
+        query = self.q_proj(hidden_states)
+        query = self.split_heads(positions.restore(query) if positions is not None else query)  # (B, H, T, Dh)
+        batch_size, _, length, _ = query.shape
         own_cache = self.layer_cache(cache)
         if self.is_cross_attention and own_cache is not None and cache.is_updated.get(self.layer_idx):
             # The encoder output does not change while decoding: its K/V were projected at the first step.
             key, value = own_cache.layers[self.layer_idx].keys, own_cache.layers[self.layer_idx].values
         else:
-            key, value = self.split_heads(self.k_proj(keys_from)), self.split_heads(self.v_proj(keys_from))
+            key, value = self.k_proj(keys_from), self.v_proj(keys_from)
+            if key_positions is not None:
+                key, value = key_positions.restore(key), key_positions.restore(value)
+            key, value = self.split_heads(key), self.split_heads(value)
             if own_cache is not None:
                 key, value = own_cache.update(key, value, self.layer_idx)  # (B, H, K, Dh)
                 if self.is_cross_attention:
@@ -193,7 +232,8 @@ class MultiHeadAttention(nn.Module):
                 self, query, key, value, attention_mask,
                 dropout=self.dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
             )  # (B, T, H, Dh)
-        return self.out_proj(output.to(dtype).reshape(batch_size, length, -1)), weights
+        output = output.to(dtype).reshape(batch_size, length, -1)  # (B, T, D)
+        return self.out_proj(positions.remove(output) if positions is not None else output), weights
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -243,10 +283,13 @@ class ScratchEncoderLayer(AddAndNorm):
         # Marian's name for the feed-forward's norm (the layer's last)
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs) -> torch.Tensor:
-        """hidden_states (B, S, D), attention_mask as built by `create_bidirectional_mask` -> (B, S, D)."""
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
+                positions: RealPositions | None = None, **kwargs) -> torch.Tensor:
+        """hidden_states (B, S, D), or (N, D) at `positions`; attention_mask as built by `create_bidirectional_mask`
+        -> the same shape."""
         attention_output, _ = self.self_attn(
-            self.sublayer_input(hidden_states, self.self_attn_layer_norm), attention_mask=attention_mask, **kwargs
+            self.sublayer_input(hidden_states, self.self_attn_layer_norm), attention_mask=attention_mask,
+            positions=positions, **kwargs
         )
         hidden_states = self.add_and_norm(hidden_states, attention_output, self.self_attn_layer_norm)
         ffn_output = self.feed_forward(self.sublayer_input(hidden_states, self.final_layer_norm))
@@ -274,18 +317,21 @@ class ScratchDecoderLayer(AddAndNorm):
         encoder_hidden_states: torch.Tensor,
         encoder_attention_mask: torch.Tensor | None = None,
         cache: EncoderDecoderCache | None = None,
+        positions: RealPositions | None = None,
+        encoder_positions: RealPositions | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
-        """hidden_states (B, T, D) over encoder_hidden_states (B, S, D) -> (B, T, D)."""
+        """hidden_states (B, T, D) over encoder_hidden_states (B, S, D) -> (B, T, D); (N, D) rows where their
+        `positions` are given."""
         attention_output, _ = self.self_attn(
             self.sublayer_input(hidden_states, self.self_attn_layer_norm),
-            attention_mask=self_attention_mask, cache=cache, **kwargs,
+            attention_mask=self_attention_mask, cache=cache, positions=positions, **kwargs,
         )
         hidden_states = self.add_and_norm(hidden_states, attention_output, self.self_attn_layer_norm)
         attention_output, _ = self.cross_attn(
             self.sublayer_input(hidden_states, self.cross_attn_layer_norm),
             attention_mask=encoder_attention_mask, encoder_hidden_states=encoder_hidden_states,
-            cache=cache, **kwargs,
+            cache=cache, positions=positions, encoder_positions=encoder_positions, **kwargs,
         )
         hidden_states = self.add_and_norm(hidden_states, attention_output, self.cross_attn_layer_norm)
         ffn_output = self.feed_forward(self.sublayer_input(hidden_states, self.final_layer_norm))
@@ -384,17 +430,26 @@ class ScratchEncoder(TransformerStack):
     @merge_with_config_defaults
     @capture_outputs
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                inputs_embeds: torch.Tensor | None = None, **kwargs: Unpack[TransformersKwargs]) -> BaseModelOutput:
-        """input_ids (B, S) or inputs_embeds (B, S, D), attention_mask (B, S) 1/0 -> last_hidden_state (B, S, D)."""
+                inputs_embeds: torch.Tensor | None = None, skip_padding: bool = False,
+                **kwargs: Unpack[TransformersKwargs]) -> BaseModelOutput:
+        """input_ids (B, S) or inputs_embeds (B, S, D), attention_mask (B, S) 1/0 -> last_hidden_state (B, S, D).
+
+        `skip_padding` runs the layers at the real positions of attention_mask only (training); the output is zero
+        at the padding (hidden states recorded by `output_hidden_states` are then (N, D))."""
         inputs_embeds = self.token_embeddings(input_ids, inputs_embeds,
                                               "`input_ids` and `inputs_embeds` to the encoder")
         hidden_states = self.embed(inputs_embeds)
+        positions = None
+        if skip_padding and attention_mask is not None and not attention_mask.all():
+            positions = RealPositions(attention_mask.bool())
+            hidden_states = positions.remove(hidden_states)  # (N, D)
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
         )
         for layer in self.layers:
-            hidden_states = layer(hidden_states, attention_mask, **kwargs)
-        return BaseModelOutput(last_hidden_state=self.final_norm(hidden_states))
+            hidden_states = layer(hidden_states, attention_mask, positions=positions, **kwargs)
+        hidden_states = self.final_norm(hidden_states)
+        return BaseModelOutput(last_hidden_state=positions.restore(hidden_states) if positions else hidden_states)
 
 
 class ScratchDecoder(TransformerStack):
@@ -416,19 +471,31 @@ class ScratchDecoder(TransformerStack):
         input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None, encoder_attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None, inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None, **kwargs: Unpack[TransformersKwargs],
+        use_cache: bool | None = None, real_positions: torch.BoolTensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         """input_ids (B, T) over the encoder output (B, S, D) -> last_hidden_state (B, T, D) and the cache.
 
         attention_mask (B, K) marks real target tokens (cached and new); the causal mask is added to it.
+        `real_positions` (B, T), True on a prefix of each row (a right-padded target, training without a cache),
+        runs the layers at those positions only, over the encoder output's real positions (encoder_attention_mask),
+        and returns last_hidden_state (N, D): the True positions in row-major order.
         """
         inputs_embeds = self.token_embeddings(input_ids, inputs_embeds,
                                               "`decoder_input_ids` and `decoder_inputs_embeds` to the decoder")
+        if real_positions is not None and (use_cache or cache is not None or not is_right_padded(real_positions)):
+            raise ValueError("`real_positions` must be True on a prefix of each row, and the call use no cache: the "
+                             "decoder's causal attention then never reads the positions it skips.")
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         past_length = cache.get_seq_length() if cache is not None else 0
 
         hidden_states = self.embed(inputs_embeds, offset=past_length)
+        positions = encoder_positions = None
+        if real_positions is not None:
+            positions = RealPositions(real_positions)
+            if encoder_attention_mask is not None and not encoder_attention_mask.all():
+                encoder_positions = RealPositions(encoder_attention_mask.bool())
         self_attention_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         causal_mask = create_causal_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
@@ -438,6 +505,10 @@ class ScratchDecoder(TransformerStack):
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
         )
+        if positions is not None:
+            hidden_states = positions.remove(hidden_states)  # (N, D)
+        if encoder_positions is not None:
+            encoder_hidden_states = encoder_positions.remove(encoder_hidden_states)  # (N_S, D)
         for layer in self.layers:
             hidden_states = layer(
                 hidden_states,
@@ -445,6 +516,8 @@ class ScratchDecoder(TransformerStack):
                 encoder_hidden_states,  # positional, for gradient checkpointing
                 encoder_attention_mask=encoder_attention_mask,
                 cache=cache if use_cache else None,
+                positions=positions,
+                encoder_positions=encoder_positions,
                 **kwargs,
             )
         return BaseModelOutputWithPastAndCrossAttentions(
@@ -490,16 +563,20 @@ class ScratchTransformerModel(ScratchTransformerPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None, decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None, cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None, decoder_inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None, **kwargs: Unpack[TransformersKwargs],
+        use_cache: bool | None = None, decoder_real_positions: torch.BoolTensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         """Encode the source (unless `encoder_outputs` are given) and decode the target prefix.
 
         input_ids (B, S), attention_mask (B, S) with 1 for real tokens, decoder_input_ids (B, T)
         -> last_hidden_state (B, T, D), encoder_last_hidden_state (B, S, D), cache.
+        `decoder_real_positions` (B, T), a right-padded target's real positions (training), skips the padding:
+        the encoder runs at attention_mask's real positions, the decoder at these, last_hidden_state is (N, D).
         """
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
-                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                skip_padding=decoder_real_positions is not None, **kwargs
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(
@@ -515,6 +592,7 @@ class ScratchTransformerModel(ScratchTransformerPreTrainedModel):
             cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
+            real_positions=decoder_real_positions,
             **kwargs,
         )
         return Seq2SeqModelOutput(
@@ -584,12 +662,15 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
         `label_smoothing` (paper §5.4: 0.1) spreads that much of each target's probability mass over the
         vocabulary in the loss. `logits_mask` (B, T) computes the logits of the positions where it is True only,
         as (N, V) in row-major order: training scores no padding, and the output projection, the largest product
-        of a target token, need not run there.
+        of a target token, need not run there. Where it is True on a prefix of each row and no cache is used (a
+        right-padded training batch), no layer runs at the padding of source or target (`RealPositions`).
         """
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        skip_padding = (logits_mask is not None and use_cache is False and cache is None
+                        and is_right_padded(logits_mask))
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -600,11 +681,13 @@ class ScratchTransformerForConditionalGeneration(ScratchTransformerPreTrainedMod
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
+            decoder_real_positions=logits_mask if skip_padding else None,
             **kwargs,
         )
-        hidden_states = outputs.last_hidden_state  # (B, T, D)
+        hidden_states = outputs.last_hidden_state  # (B, T, D), or (N, D) when skipping the padding
         if logits_mask is not None:
-            hidden_states, labels = hidden_states[logits_mask], None if labels is None else labels[logits_mask]
+            hidden_states = hidden_states if skip_padding else hidden_states[logits_mask]
+            labels = None if labels is None else labels[logits_mask]
         logits = self.lm_head(hidden_states)  # (B, T, V), or (N, V) under logits_mask
         loss = None
         if labels is not None:

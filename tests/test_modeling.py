@@ -87,6 +87,58 @@ def test_logits_mask_gives_the_logits_of_those_positions_only(tiny_config):
     torch.testing.assert_close(kept.loss, full.loss)
 
 
+def count_rows(model) -> dict[str, list[int]]:
+    """The rows each layer's feed-forward and the cross-attention's key projection see, by module name."""
+    rows = {}
+    for name in ("model.encoder.layers.0.feed_forward.fc1", "model.decoder.layers.0.feed_forward.fc1",
+                 "model.decoder.layers.0.cross_attn.k_proj"):
+        module = model.get_submodule(name)
+        module.register_forward_hook(
+            lambda module, inputs, output, name=name: rows.setdefault(name, []).append(inputs[0].shape[:-1].numel()))
+    return rows
+
+
+def test_a_right_padded_training_batch_skips_its_padding_with_the_same_loss_and_gradients(tiny_config):
+    """With logits_mask on a prefix of each row, no layer computes a padded position of source or target
+    (RealPositions), and the loss and every gradient are those of the padded computation."""
+    model = make_model(tiny_config, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0).train()
+    scored = LABELS != -100
+    rows = count_rows(model)
+
+    def loss_and_gradients(**mask):
+        model.zero_grad()
+        loss = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS, label_smoothing=0.1, **mask).loss
+        loss.backward()
+        return loss, {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
+
+    padded_loss, padded_gradients = loss_and_gradients()
+    skipped_loss, skipped_gradients = loss_and_gradients(logits_mask=scored)
+    real_source, real_target = int(SOURCE_MASK.sum()), int(scored.sum())
+    assert real_source < SOURCE.numel() and real_target < LABELS.numel()
+    assert rows == {"model.encoder.layers.0.feed_forward.fc1": [SOURCE.numel(), real_source],
+                    "model.decoder.layers.0.feed_forward.fc1": [LABELS.numel(), real_target],
+                    "model.decoder.layers.0.cross_attn.k_proj": [SOURCE.numel(), real_source]}
+    torch.testing.assert_close(skipped_loss, padded_loss)
+    assert padded_gradients.keys() == skipped_gradients.keys()
+    for name, gradient in padded_gradients.items():
+        torch.testing.assert_close(skipped_gradients[name], gradient, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_a_logits_mask_with_gaps_keeps_every_position_the_decoder_reads(tiny_config):
+    """A position left out of logits_mask before one kept is still read by the causal attention: there the decoder
+    runs on the padded layout, and the kept logits are those of the full computation."""
+    model = make_model(tiny_config)
+    gaps = torch.tensor([[True, False, True, False], [True, True, False, True]])
+    rows = count_rows(model)
+    full = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS).logits
+    kept = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, labels=LABELS, logits_mask=gaps).logits
+    torch.testing.assert_close(kept, full[gaps])
+    assert rows["model.decoder.layers.0.feed_forward.fc1"] == [LABELS.numel()] * 2
+    with pytest.raises(ValueError, match="prefix"):
+        model.model(input_ids=SOURCE, attention_mask=SOURCE_MASK, decoder_input_ids=LABELS.clamp(min=0),
+                    use_cache=False, decoder_real_positions=gaps)
+
+
 def test_decoder_input_is_labels_shifted_right(tiny_config):
     shifted = shift_tokens_right(LABELS, pad_token_id=0, decoder_start_token_id=1)
     assert shifted.tolist() == [[1, 13, 14, 15], [1, 16, 2, 0]]
