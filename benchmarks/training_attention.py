@@ -49,17 +49,28 @@ def bf16_cpu_training(module: MultiHeadAttention, hidden_states: torch.Tensor, c
 
 def written_out_forward(original):
     """`MultiHeadAttention.forward`, its bf16 training on a CPU written out (everything else: `original`)."""
-    def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, cache=None, **kwargs):
+    def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, cache=None, positions=None,
+                encoder_positions=None, **kwargs):
         if not bf16_cpu_training(self, hidden_states, cache):
-            return original(self, hidden_states, attention_mask, encoder_hidden_states, cache, **kwargs)
-        batch_size, length, _ = hidden_states.shape
-        keys_from = encoder_hidden_states if self.is_cross_attention else hidden_states  # (B, S or T, D)
-        query = self.split_heads(self.q_proj(hidden_states))  # (B, H, T, Dh), bf16 under autocast
-        key, value = self.split_heads(self.k_proj(keys_from)), self.split_heads(self.v_proj(keys_from))
+            return original(self, hidden_states, attention_mask, encoder_hidden_states, cache, positions,
+                            encoder_positions, **kwargs)
+        # A training batch that skips its padding gives (N, D) rows at `positions`: laid out as (B, L, D) again, as
+        # the model's own forward does.
+        keys_from = encoder_hidden_states if self.is_cross_attention else hidden_states  # (B, S or T, D) or rows
+        key_positions = encoder_positions if self.is_cross_attention else positions
+
+        def padded(projected, at):
+            return at.restore(projected) if at is not None else projected
+
+        query = self.split_heads(padded(self.q_proj(hidden_states), positions))  # (B, H, T, Dh), bf16 under autocast
+        key = self.split_heads(padded(self.k_proj(keys_from), key_positions))
+        value = self.split_heads(padded(self.v_proj(keys_from), key_positions))
+        batch_size, _, length, _ = query.shape
         output, weights = eager_attention_forward(
             self, query, key, value, additive_mask(attention_mask, self.is_causal, query, key),
             dropout=self.dropout if self.training else 0.0, scaling=self.scaling)  # (B, T, H, Dh)
-        return self.out_proj(output.reshape(batch_size, length, -1)), weights
+        output = output.reshape(batch_size, length, -1)
+        return self.out_proj(positions.remove(output) if positions is not None else output), weights
     return forward
 
 
