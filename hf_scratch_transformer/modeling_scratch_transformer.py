@@ -449,7 +449,7 @@ class ScratchEncoder(TransformerStack):
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask, positions=positions, **kwargs)
         hidden_states = self.final_norm(hidden_states)
-        return BaseModelOutput(last_hidden_state=positions.restore(hidden_states) if positions else hidden_states)
+        return BaseModelOutput(last_hidden_state=positions.restore(hidden_states) if positions is not None else hidden_states)
 
 
 class ScratchDecoder(TransformerStack):
