@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import Callable
 
 import torch
@@ -150,13 +150,15 @@ def search(model, call: DecodingCall, max_new_tokens: torch.Tensor | None = None
                        early_stopping=call.early_stopping, num_return_sequences=call.num_return_sequences)
 
 
-def encode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def encode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+           copies: DecodingWeights | None) -> torch.Tensor:
     """The encoder's output (B, S, D): from the model's encoder, or from the decoding copies' encoder in another dtype
-    (`DecodingWeights`), back in fp32."""
-    copies = getattr(model, "decoding_weights", None)
+    (`DecodingWeights`), back in fp32. It computes nothing at the padding (`skip_padding`; the output is the padded
+    run's at every real position, zero at the padding, which the cross-attention's mask hides)."""
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, skip_padding=True)
     if copies is None or copies.encoder is None:
-        return model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    return copies.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.float()
+        return model.get_encoder()(**inputs).last_hidden_state
+    return copies.encoder(**inputs).last_hidden_state.float()
 
 
 @torch.no_grad()
@@ -178,10 +180,10 @@ def greedy_search(
     device = input_ids.device
     bounds = torch.as_tensor(max_new_tokens, device=device).expand(batch_size)
     steps = int(bounds.max())
-    encoder_output = encode(model, input_ids, attention_mask)
+    copies = decoding_weights(model)
+    encoder_output = encode(model, input_ids, attention_mask, copies)
     # the encoder mask for every query (B, 1, 1, S), True where a source token may be attended; None without padding
     source_mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
-    copies = getattr(model, "decoding_weights", None)
     layers = [LayerState(layer, encoder_output, steps, products=copies and copies.decoder_layers[index])
               for index, layer in enumerate(decoder.layers)]
     output_projection = copies.output_projection if copies else model.lm_head
@@ -200,7 +202,7 @@ def greedy_search(
         logits = output_projection(decoder.final_norm(hidden)[:, 0]).float()  # (B, V)
         if step < min_new_tokens and len(end_tokens):
             logits[:, end_tokens] = float("-inf")
-        tokens = logits.max(dim=-1).indices  # argmax's first maximum, faster on CPU (bench_speed's kernels)
+        tokens = first_argmax(logits)
         tokens = torch.where(unfinished, tokens, pad_token_id)
         sequences[rows, step + 1] = tokens
         if with_log_probs:
@@ -218,6 +220,27 @@ def greedy_search(
                 state.reorder(going, filled=step + 1)
     taken = step + 1 if steps else 0
     return sequences[:, : 1 + taken], (log_probs[:, :taken] if with_log_probs else None)
+
+
+# Rows from which `first_argmax` finds the maximum by blocks. Over an 8,000-token row torch's max with indices is a
+# scalar loop on a CPU (torch 2.13, AVX2 AMD EPYC: 310 µs for 32 rows, where the vectorised amax takes 33); by blocks
+# it took 104 against 189 µs at 16 rows, 110 against 306 at 32, level at 8 and slower below (twice as slow at 2).
+ARGMAX_BY_BLOCKS_MIN_ROWS = 16
+ARGMAX_BLOCK = 64
+
+
+def first_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """(R, V) -> (R,): the index of each row's first maximum, NaN counting as the maximum (torch.argmax's answer).
+    From ARGMAX_BY_BLOCKS_MIN_ROWS rows on it is found in two passes: the block of ARGMAX_BLOCK entries that holds it
+    (the first block whose maximum is the row's), then its place in that block."""
+    rows, size = logits.shape
+    if rows < ARGMAX_BY_BLOCKS_MIN_ROWS:
+        return logits.max(dim=-1).indices  # faster than argmax on a CPU (bench_speed's kernels)
+    if size % ARGMAX_BLOCK:
+        logits = F.pad(logits, (0, -size % ARGMAX_BLOCK), value=float("-inf"))
+    blocks = logits.view(rows, -1, ARGMAX_BLOCK)  # (R, V / block, block)
+    block = blocks.amax(dim=-1).argmax(dim=-1)  # (R,)
+    return block * ARGMAX_BLOCK + blocks[torch.arange(rows, device=logits.device), block].argmax(dim=-1)
 
 
 # transformers' beam search marks what may no longer be chosen by adding this (not -inf, which would make ties of
@@ -242,9 +265,9 @@ def beam_search(
     decoder, batch_size = model.model.decoder, input_ids.shape[0]
     bounds = torch.as_tensor(max_new_tokens, device=input_ids.device).expand(batch_size)
     steps = int(bounds.max())
-    encoder_output = encode(model, input_ids, attention_mask)
+    copies = decoding_weights(model)
+    encoder_output = encode(model, input_ids, attention_mask, copies)
     source_mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
-    copies = getattr(model, "decoding_weights", None)
     layers = [LayerState(layer, encoder_output, steps, num_beams, products=copies and copies.decoder_layers[index])
               for index, layer in enumerate(decoder.layers)]
     output_projection = copies.output_projection if copies else model.lm_head
@@ -451,16 +474,94 @@ class Bf16Linear:
 def prepacked_bf16_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """A bf16 copy of `weight` (out, in) in the layout oneDNN's bf16 product reads, or None where torch's oneDNN does
     not offer it (a build without it, or a CPU without bf16 support), or it fails to run on a product of 32 rows."""
+    if not (weight.is_cpu and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return None
+    return prepacked_weight(weight.bfloat16())
+
+
+def prepacked_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` (out, in) in the blocked layout oneDNN's product reads (`torch.ops.mkldnn._reorder_linear_weight`, what
+    inductor's CPU freezing does), or None where torch's oneDNN does not offer it or it fails to run on 32 rows."""
     try:
-        if not (weight.is_cpu and torch.backends.mkldnn.is_available()
-                and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        if not (weight.is_cpu and torch.backends.mkldnn.is_available()):
             return None
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), 32)
-        probe = torch.zeros(32, weight.shape[1], dtype=torch.bfloat16)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
+        probe = torch.zeros(32, weight.shape[1], dtype=weight.dtype)
         torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], "")
     except (RuntimeError, AttributeError, NotImplementedError):  # an op missing from this build, or refusing
         return None
     return packed
+
+
+# The weights (elements) from which the fp32 loops multiply by a prepacked copy (`PackedLinear`) rather than by the
+# parameter (`F.linear`). On the AVX2 AMD EPYC, cycling through a small-preset step's products as a step does (each
+# weight out of the cores' caches by its next turn), a prepacked product was 1.1-2.2x as fast as F.linear for the
+# 768x256 / 1024x256 / 256x1024 products and 2-3.7x for the 8,000x256 output projection at 1-32 rows, and 0.75-1.0x
+# for the 256x256 ones (benchmarks/results/fp32_prepacked_products.md).
+PACKED_MIN_ELEMENTS = 2**17
+
+
+class PackedLinear:
+    """x·Wᵀ + b in fp32, W held in oneDNN's blocked layout (`prepacked_weight`) so that no call reorders it, and the
+    activation "relu" applied in the same call when given: (..., in) -> (..., out)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, activation: str = "none"):
+        self.packed_weight = prepacked_weight(weight.detach().float())
+        if self.packed_weight is None:
+            raise ValueError("this build of torch cannot prepack fp32 weights for oneDNN")
+        self.bias = None if bias is None else bias.detach().float()
+        self.activation = activation
+
+    def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
+        rows = inputs.reshape(-1, inputs.shape[-1])  # (R, in)
+        products = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, self.activation, [], "")
+        return products.view(*inputs.shape[:-1], -1)
+
+
+@cache
+def fp32_prepacking_available() -> bool:
+    """Whether this torch can prepack fp32 weights for oneDNN and multiply by them (`prepacked_weight`)."""
+    return prepacked_weight(torch.ones(8, 8)) is not None
+
+
+def packed_fp32_copies(model) -> DecodingWeights:
+    """`DecodingWeights` that multiply in fp32 as the model does, by prepacked copies (`PackedLinear`) of the weights
+    of PACKED_MIN_ELEMENTS or more, by the parameters themselves (`F.linear`) below; a ReLU feed-forward's first
+    product applies its ReLU in the same call ("fc1_applies_activation")."""
+    def product(weight, bias, activation="none"):
+        if weight.numel() < PACKED_MIN_ELEMENTS:
+            return partial(F.linear, weight=weight, bias=bias)
+        return PackedLinear(weight, bias, activation)
+
+    layers = []
+    for layer in model.model.decoder.layers:
+        weights = step_products(layer)
+        products = {name: product(*weights[name]) for name in weights}
+        if layer.feed_forward.activation is F.relu and isinstance(products["fc1"], PackedLinear):
+            products["fc1"] = product(*weights["fc1"], activation="relu")
+            products["fc1_applies_activation"] = True
+        layers.append(products)
+    return DecodingWeights(layers, product(model.lm_head.weight, model.lm_head.bias))
+
+
+def decoding_weights(model) -> DecodingWeights | None:
+    """What the loops multiply a decoding step by: the copies the model was given (`model.decoding_weights`: int8,
+    bf16 products), else for an fp32 model on a CPU whose torch can prepack weights the prepacked fp32 copies
+    (`packed_fp32_copies`), made at the first call and again whenever a copied weight has changed since (training,
+    loading others: each weight's storage and in-place version are compared), else None (the model's own
+    parameters)."""
+    given = getattr(model, "decoding_weights", None)
+    if given is not None:
+        return given
+    if model.dtype != torch.float32 or model.device.type != "cpu" or not fp32_prepacking_available():
+        return None
+    sources = [*model.lm_head.parameters(), *model.model.decoder.layers.parameters()]
+    key = tuple((parameter.data_ptr(), parameter._version) for parameter in sources)
+    cached = model.__dict__.get("_packed_fp32_decoding")
+    if cached is None or cached[0] != key:
+        cached = (key, packed_fp32_copies(model))
+        model.__dict__["_packed_fp32_decoding"] = cached
+    return cached[1]
 
 
 @dataclass
@@ -558,6 +659,7 @@ class LayerState:
         self.cross_query, self.cross_output = products["cross_query"], products["cross_output"]
         self.fc1, self.fc2 = products["fc1"], products["fc2"]
         self.activation = layer.feed_forward.activation
+        self.fc1_applies_activation = products.get("fc1_applies_activation", False)
         self.self_norm, self.cross_norm, self.final_norm = (
             (norm.normalized_shape, norm.weight, norm.bias, norm.eps)
             for norm in (layer.self_attn_layer_norm, layer.cross_attn_layer_norm, layer.final_layer_norm))
@@ -602,8 +704,13 @@ class LayerState:
         """hidden (B, 1, D) at position `step` -> (B, 1, D), as the layer's forward with a cache computes it."""
         hidden = self.add_and_norm(hidden, self.self_norm, lambda x: self.self_attention(x, step))
         hidden = self.add_and_norm(hidden, self.cross_norm, lambda x: self.cross_attention(x, source_mask))
-        return self.add_and_norm(hidden, self.final_norm,
-                                 lambda x: self.fc2(self.activation(self.fc1(x))))
+        return self.add_and_norm(hidden, self.final_norm, self.feed_forward)
+
+    def feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """FFN(x) = activation(x·W1 + b1)·W2 + b2 (§3.3), the activation in fc1's call where it applies it."""
+        if self.fc1_applies_activation:
+            return self.fc2(self.fc1(hidden))
+        return self.fc2(self.activation(self.fc1(hidden)))
 
     def add_and_norm(self, hidden: torch.Tensor, norm: tuple, sublayer) -> torch.Tensor:
         """LayerNorm(x + Sublayer(x)), or x + Sublayer(LayerNorm(x)) in pre-norm (the layer's AddAndNorm)."""

@@ -504,3 +504,107 @@ def test_bf16_products_for_decoding_multiply_in_bf16_from_their_rows_and_keep_th
         assert torch.equal(copied(**batch, decoder_input_ids=tokens).logits,
                            trained(**batch, decoder_input_ids=tokens).logits)
     assert {parameter.dtype for parameter in copied.parameters()} == {torch.float32}
+
+
+# ---------------------------------------------------------------------- fp32 decoding by prepacked weights
+needs_prepacking = pytest.mark.skipif(not decoding.fp32_prepacking_available(),
+                                      reason="this torch cannot prepack fp32 weights for oneDNN")
+
+
+@needs_prepacking
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_an_fp32_model_decodes_by_prepacked_copies_with_generate_s_tokens(trained, batch, monkeypatch, num_beams):
+    """With every product over PACKED_MIN_ELEMENTS (the tiny model's are all under the real one) the loops multiply
+    by `PackedLinear` copies, fc1 applying the ReLU in its call, and give transformers' generate() tokens."""
+    model = copy.deepcopy(trained)
+    monkeypatch.setattr(decoding, "PACKED_MIN_ELEMENTS", 0)
+    calls = []
+    original = decoding.PackedLinear.__call__
+    monkeypatch.setattr(decoding.PackedLinear, "__call__", lambda product, inputs: calls.append(
+        product.activation) or original(product, inputs))
+    options = {"num_beams": num_beams, "max_new_tokens": 30}
+    ours = model.generate(**batch, **options)
+    assert torch.equal(ours, transformers_generate(model, **batch, **options))
+    copies = decoding.decoding_weights(model)
+    assert isinstance(copies.output_projection, decoding.PackedLinear)
+    assert copies.decoder_layers[0]["fc1"].activation == "relu" and copies.decoder_layers[0]["fc1_applies_activation"]
+    steps = ours.shape[1] - 1
+    # each step: six products per layer and the output projection (beam search's last step may end before it)
+    assert len(calls) >= (steps - 1) * (6 * model.config.decoder_layers + 1)
+    assert calls.count("relu") >= (steps - 1) * model.config.decoder_layers
+
+
+@needs_prepacking
+def test_a_gelu_model_s_prepacked_feed_forward_applies_its_gelu_apart(batch, monkeypatch):
+    monkeypatch.setattr(decoding, "PACKED_MIN_ELEMENTS", 0)
+    torch.manual_seed(0)
+    config = ScratchTransformerConfig.from_preset("tiny", vocab_size=60, activation_function="gelu")
+    model = ScratchTransformerForConditionalGeneration(config).eval()
+    ids = batch["input_ids"].clamp(max=59)
+    options = {"num_beams": 1, "max_new_tokens": 12, "min_new_tokens": 12, "decoder_start_token_id": 1,
+               "pad_token_id": 0, "eos_token_id": 2}
+    assert torch.equal(model.generate(ids, attention_mask=batch["attention_mask"], **options),
+                       transformers_generate(model, ids, attention_mask=batch["attention_mask"], **options))
+    layer = decoding.decoding_weights(model).decoder_layers[0]
+    assert layer["fc1"].activation == "none" and "fc1_applies_activation" not in layer
+
+
+@needs_prepacking
+def test_prepacked_copies_are_made_again_when_a_weight_changes(trained, batch, monkeypatch):
+    """The copies live with the model between calls (training's validation decodes after every update): the same
+    copies while the weights stay, new ones after an in-place update (an optimizer step) or replaced weights."""
+    model = copy.deepcopy(trained)
+    monkeypatch.setattr(decoding, "PACKED_MIN_ELEMENTS", 0)
+    options = {"num_beams": 1, "max_new_tokens": 20}
+    before = model.generate(**batch, **options)
+    copies = decoding.decoding_weights(model)
+    assert decoding.decoding_weights(model) is copies
+    with torch.no_grad():  # an update in place, as an optimizer's: storage kept, version bumped
+        for parameter in model.model.decoder.layers[-1].feed_forward.parameters():
+            parameter.mul_(-3.0)
+    after = model.generate(**batch, **options)
+    assert decoding.decoding_weights(model) is not copies
+    assert torch.equal(after, transformers_generate(model, **batch, **options))
+    assert not torch.equal(after, before)  # the update changes the translations the copies give
+    copies = decoding.decoding_weights(model)
+    model.load_state_dict(trained.state_dict())  # other weights loaded into the same parameters
+    assert decoding.decoding_weights(model) is not copies
+    assert torch.equal(model.generate(**batch, **options), before)
+
+
+@needs_prepacking
+def test_copies_given_to_the_model_come_before_the_prepacked_ones(trained):
+    model = copy.deepcopy(trained)
+    decoding.quantize_for_decoding(model)
+    assert decoding.decoding_weights(model) is model.decoding_weights
+    assert decoding.decoding_weights(copy.deepcopy(trained).to(torch.bfloat16)) is None
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_the_encoder_computes_nothing_at_the_sources_padding(trained, batch, num_beams):
+    """The loops' encoder runs its layers on the sources' real positions only; the tokens stay generate()'s."""
+    assert not bool(batch["attention_mask"].all())
+    rows = []
+    hook = trained.get_encoder().layers[0].feed_forward.fc1.register_forward_hook(
+        lambda module, inputs, output: rows.append(inputs[0].shape[:-1].numel()))
+    try:
+        ours = trained.generate(**batch, num_beams=num_beams, max_new_tokens=20)
+    finally:
+        hook.remove()
+    assert rows == [int(batch["attention_mask"].sum())]
+    assert torch.equal(ours, transformers_generate(trained, **batch, num_beams=num_beams, max_new_tokens=20))
+
+
+@pytest.mark.parametrize("rows", [1, decoding.ARGMAX_BY_BLOCKS_MIN_ROWS, 40])
+@pytest.mark.parametrize("vocabulary", [1, 64, 200, 7919])
+def test_first_argmax_is_torch_s_argmax(rows, vocabulary):
+    """Ties give the first maximum, NaN counts as the maximum, a row all -inf gives 0; vocabularies that are not a
+    multiple of the block."""
+    torch.manual_seed(0)
+    logits = torch.randn(rows, vocabulary).round(decimals=1)  # many ties
+    logits[0] = float("-inf")
+    if rows > 3 and vocabulary > 10:
+        logits[1, vocabulary - 1] = float("inf")
+        logits[2, 5], logits[2, 3] = float("nan"), float("inf")
+        logits[3, :] = 7.0
+    assert torch.equal(decoding.first_argmax(logits), logits.argmax(dim=-1))
