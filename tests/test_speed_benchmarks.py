@@ -495,3 +495,35 @@ def test_mfu_ceiling_times_every_weight_product_of_a_step_and_counts_the_flops_t
     assert results["ceiling_mfu"] == rate / max(results["square_peaks_flops"])
     markdown = (tmp_path / "m.md").read_text()
     assert results["machine"]["cpu"] in markdown and "| output projection (20 × 100 × 64) | 1 |" in markdown
+
+
+@pytest.mark.skipif(not decoding.fp32_prepacking_available(), reason="this torch cannot prepack fp32 weights")
+def test_fp32_prepacked_products_times_both_variants_and_decodes_with_and_without_the_copies(tmp_path, monkeypatch):
+    """Every product of the step is timed in both variants, the prepacked one really through PackedLinear; the
+    decodings run once with the prepacked copies (the default, which the tiny preset's sizes would not reach: the
+    threshold is lowered) and once on the parameters, and the script checks their tokens."""
+    from fp32_prepacked_products import main
+
+    monkeypatch.setattr(decoding, "PACKED_MIN_ELEMENTS", 0)
+    packed_rows = []
+    packed_call = decoding.PackedLinear.__call__
+    monkeypatch.setattr(decoding.PackedLinear, "__call__", lambda product, x: packed_rows.append(
+        x.numel() // x.shape[-1]) or packed_call(product, x))
+    threads = torch.get_num_threads()
+    results = main(["--preset", "tiny", "--vocab_size", "50", "--rows", "1", "3", "--steps", "2", "--rounds", "2",
+                    "--batch_sizes", "2", "--beams", "1", "2", "--new_tokens", "4", "--repeats", "2",
+                    "--threads", "1", "--output", str(tmp_path / "p.json")])
+    torch.set_num_threads(threads)
+    products = results["products"]
+    assert list(products["shapes"]) == ["self_query_key_value", "self_output", "cross_query", "cross_output", "fc1",
+                                        "fc2", "output_projection"]
+    assert products["shapes"]["output_projection"] == [50, 64] and all(products["packed_by_default"].values())
+    assert all(min(case.values()) > 0 for case in products["us_a_call"][3].values())
+    # products in step order: 3 timings (warm-up and 2 rounds) x 2 steps x (2 layers x 6 + 1) at each row count
+    assert packed_rows[:3 * 2 * 13].count(1) == 3 * 2 * 13
+    decoded = packed_rows[2 * 3 * 2 * 13:]
+    assert decoded and set(decoded) <= {2, 4}  # batch 2, beams 1 and 2: the whole decodings used the copies
+    assert [(case["batch_size"], case["num_beams"]) for case in results["decodings"]] == [(2, 1), (2, 2)]
+    assert all(case["identical_tokens"] and case["ratio_median"] > 0 for case in results["decodings"])
+    markdown = (tmp_path / "p.md").read_text()
+    assert results["machine"]["cpu"] in markdown and "| fc1 (256 × 64) |" in markdown and "| greedy, batch 2 |" in markdown
