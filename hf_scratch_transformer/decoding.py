@@ -6,7 +6,9 @@ forward, the logits processors and stopping criteria. These loops keep the arith
 runs once, each decoder layer's cross-attention keys and values are projected once (once per source, not per beam),
 the self-attention keys and values of each new token are written into buffers allocated for the whole output, and
 each step computes each layer's sublayers with `F.linear` / `F.layer_norm` on the layer's own parameters (pre- and
-post-norm alike) and `scaled_dot_product_attention`, as the model's default "sdpa" attention does. A model given
+post-norm alike) and `scaled_dot_product_attention`, as the model's default "sdpa" attention does; an fp32 model on a
+CPU multiplies by copies of its large products prepacked for oneDNN (`PackedLinear`, `decoding_weights`): the same
+products, by oneDNN's kernels. The encoder computes nothing at the sources' padding. A model given
 int8 copies of its decoder's weights (`quantize_for_decoding`) computes the steps' matrix products in int8 (and may
 run its encoder in bf16); one given bf16 copies (`bf16_products_for_decoding`) computes them, and the cross-attention
 keys and values, in bf16 where a product has rows enough for its size to pay, in fp32 where it has few. From a few
@@ -26,6 +28,7 @@ Shapes: B batch, K beams, S source length, N new tokens, D d_model, H heads, Dh 
 from __future__ import annotations
 
 import copy
+import weakref
 from dataclasses import dataclass
 from functools import cache, partial
 from typing import Callable
@@ -544,6 +547,11 @@ def packed_fp32_copies(model) -> DecodingWeights:
     return DecodingWeights(layers, product(model.lm_head.weight, model.lm_head.bias))
 
 
+# model -> (its weights' storage and versions, their prepacked copies): outside the model, whose copies and pickles
+# must not carry oneDNN's opaque tensors (they have no storage to copy), and gone with it
+PACKED_FP32_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def decoding_weights(model) -> DecodingWeights | None:
     """What the loops multiply a decoding step by: the copies the model was given (`model.decoding_weights`: int8,
     bf16 products), else for an fp32 model on a CPU whose torch can prepack weights the prepacked fp32 copies
@@ -557,10 +565,9 @@ def decoding_weights(model) -> DecodingWeights | None:
         return None
     sources = [*model.lm_head.parameters(), *model.model.decoder.layers.parameters()]
     key = tuple((parameter.data_ptr(), parameter._version) for parameter in sources)
-    cached = model.__dict__.get("_packed_fp32_decoding")
+    cached = PACKED_FP32_COPIES.get(model)
     if cached is None or cached[0] != key:
-        cached = (key, packed_fp32_copies(model))
-        model.__dict__["_packed_fp32_decoding"] = cached
+        cached = PACKED_FP32_COPIES[model] = (key, packed_fp32_copies(model))
     return cached[1]
 
 
@@ -568,11 +575,12 @@ def decoding_weights(model) -> DecodingWeights | None:
 class DecodingWeights:
     """Copies of what a decoding step multiplies by, for the loops: each decoder layer's six products
     (`step_products`; bf16 copies also its cross-attention keys and values, "cross_key_value") and the output
-    projection, as functions (`Int8Linear`, `Bf16Linear`); and the encoder the loops run once per source: the
+    projection, as functions (`Int8Linear`, `Bf16Linear`, `PackedLinear`; "fc1_applies_activation": True where fc1
+    applies the feed-forward's activation itself); and the encoder the loops run once per source: the
     model's own (None), or a copy in another dtype. The model's forward and transformers' own `generate()` path never
     use them."""
 
-    decoder_layers: list[dict[str, Callable[[torch.Tensor], torch.Tensor]]]
+    decoder_layers: list[dict[str, Callable[[torch.Tensor], torch.Tensor] | bool]]
     output_projection: Callable[[torch.Tensor], torch.Tensor]
     encoder: torch.nn.Module | None = None  # None: the model's own
 

@@ -608,3 +608,19 @@ def test_first_argmax_is_torch_s_argmax(rows, vocabulary):
         logits[2, 5], logits[2, 3] = float("nan"), float("inf")
         logits[3, :] = 7.0
     assert torch.equal(decoding.first_argmax(logits), logits.argmax(dim=-1))
+
+
+@needs_prepacking
+def test_a_model_that_decoded_by_prepacked_copies_still_copies_and_pickles(trained, batch, monkeypatch):
+    """oneDNN's prepacked tensors have no storage to copy: they are kept beside the model, not in it."""
+    import pickle
+
+    model = copy.deepcopy(trained)
+    monkeypatch.setattr(decoding, "PACKED_MIN_ELEMENTS", 0)
+    options = {"num_beams": 1, "max_new_tokens": 20}
+    tokens = model.generate(**batch, **options)
+    assert isinstance(decoding.decoding_weights(model).output_projection, decoding.PackedLinear)
+    copied = copy.deepcopy(model)
+    assert decoding.decoding_weights(copied) is not decoding.decoding_weights(model)
+    assert torch.equal(copied.generate(**batch, **options), tokens)
+    assert torch.equal(pickle.loads(pickle.dumps(model)).generate(**batch, **options), tokens)
