@@ -615,7 +615,12 @@ def test_a_model_that_decoded_by_prepacked_copies_still_copies_and_pickles(train
     """oneDNN's prepacked tensors have no storage to copy: they are kept beside the model, not in it."""
     import pickle
 
-    model = copy.deepcopy(trained)
+    # A fresh model with trained's weights: the module-scoped `trained` may carry transformers' own output-capturing
+    # hooks (local functions, installed by any earlier call that asked for attentions or hidden states), which no
+    # transformers model can pickle; this test is about what decoding.py leaves behind.
+    model = type(trained)(trained.config).eval()
+    model.load_state_dict(trained.state_dict())
+    model.generation_config = copy.deepcopy(trained.generation_config)
     monkeypatch.setattr(decoding, "PACKED_MIN_ELEMENTS", 0)
     options = {"num_beams": 1, "max_new_tokens": 20}
     tokens = model.generate(**batch, **options)
