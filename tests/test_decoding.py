@@ -573,6 +573,34 @@ def test_prepacked_copies_are_made_again_when_a_weight_changes(trained, batch, m
 
 
 @needs_prepacking
+@pytest.mark.parametrize("update", ["train.py's fused Adam", "a write through .data"])
+def test_prepacked_copies_follow_updates_that_bump_no_version(trained, batch, monkeypatch, update):
+    """train.py's optimizer (torch's fused Adam) and writes through `parameter.data` change the weights in place
+    without bumping their version: the loops still decode with the weights as they are now, as validation during
+    training must."""
+    from types import SimpleNamespace
+
+    from hf_scratch_transformer.training.loop import make_optimizer
+
+    model = copy.deepcopy(trained)
+    monkeypatch.setattr(decoding, "PACKED_MIN_ELEMENTS", 0)
+    options = {"num_beams": 1, "max_new_tokens": 20}
+    before = model.generate(**batch, **options)
+    if update == "train.py's fused Adam":
+        settings = SimpleNamespace(weight_decay=0.0, learning_rate=0.05, adam_beta1=0.9, adam_beta2=0.98,
+                                   adam_epsilon=1e-9)
+        optimizer = make_optimizer(model, settings, torch.device("cpu"))
+        model(**batch, labels=before[:, 1:].clone()).loss.backward()
+        optimizer.step()
+    else:
+        for parameter in model.model.decoder.layers[-1].feed_forward.parameters():
+            parameter.data.mul_(-3.0)
+    after = model.generate(**batch, **options)
+    assert torch.equal(after, transformers_generate(model, **batch, **options))
+    assert not torch.equal(after, before)
+
+
+@needs_prepacking
 def test_copies_given_to_the_model_come_before_the_prepacked_ones(trained):
     model = copy.deepcopy(trained)
     decoding.quantize_for_decoding(model)
