@@ -67,7 +67,8 @@ def products_in_step_order(model, rows_list: list[int], steps: int, rounds: int)
                               for variant in variants} for name in calls}
     shapes = {name: list(weight.shape) for name, weight, _ in products}
     return {"shapes": shapes, "us_a_call": table,
-            "packed_by_default": {name: weight.numel() >= decoding.PACKED_MIN_ELEMENTS for name, weight, _ in products}}
+            "packed_by_default": {name: weight.numel() >= decoding.packed_min_elements()
+                                  for name, weight, _ in products}}
 
 
 def whole_decodings(model, batch_sizes: list[int], beams_list: list[int], new_tokens: int, repeats: int) -> list:
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
         decodings = whole_decodings(model, args.batch_sizes, args.beams, args.new_tokens, args.repeats)
         choice = token_choice(args.vocab_size, [1, 8, 16, 32, 128], args.rounds)
     results = {"settings": vars(args), "machine": machine_info(args.threads), "commit": git_commit(),
-               "load_before": load_before, "load_after": loadavg(), "packed_min_elements": decoding.PACKED_MIN_ELEMENTS,
+               "load_before": load_before, "load_after": loadavg(),
+               "packed_min_elements": decoding.packed_min_elements(),
                "argmax_by_blocks_min_rows": decoding.ARGMAX_BY_BLOCKS_MIN_ROWS,
                "products": products, "decodings": decodings, "token_choice": choice}
     text = markdown(results, args)

@@ -496,12 +496,16 @@ def prepacked_weight(weight: torch.Tensor) -> torch.Tensor | None:
     return packed
 
 
-# The weights (elements) from which the fp32 loops multiply by a prepacked copy (`PackedLinear`) rather than by the
-# parameter (`F.linear`). On the AVX2 AMD EPYC, cycling through a small-preset step's products as a step does (each
-# weight out of the cores' caches by its next turn), a prepacked product was 1.1-2.2x as fast as F.linear for the
-# 768x256 / 1024x256 / 256x1024 products and 2-3.7x for the 8,000x256 output projection at 1-32 rows, and 0.75-1.0x
-# for the 256x256 ones (benchmarks/results/fp32_prepacked_products.md).
-PACKED_MIN_ELEMENTS = 2**17
+def packed_min_elements() -> int:
+    """The weights (elements) from which the fp32 loops multiply by a prepacked copy (`PackedLinear`) rather than by the
+    parameter (`F.linear`): every weight on a CPU whose kernels torch runs with AVX-512, 2**17 elsewhere.
+
+    Cycling through a small-preset step's products as a step does (each weight out of the cores' caches by its next
+    turn), a prepacked product was 1.1-2.2x as fast as F.linear for the 768x256 / 1024x256 / 256x1024 products and
+    2-3.7x for the 8,000x256 output projection at 1-32 rows on an AMD EPYC with AVX2 only, but 0.75-1.0x for the
+    256x256 ones there (benchmarks/results/fp32_prepacked_products.md); on one with AVX-512 the 256x256 ones were
+    1.1-1.4x as fast prepacked at 2-128 rows and level at 1 (fp32_prepacked_products_amd.md)."""
+    return 0 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 2**17
 
 
 class PackedLinear:
@@ -529,10 +533,12 @@ def fp32_prepacking_available() -> bool:
 
 def packed_fp32_copies(model) -> DecodingWeights:
     """`DecodingWeights` that multiply in fp32 as the model does, by prepacked copies (`PackedLinear`) of the weights
-    of PACKED_MIN_ELEMENTS or more, by the parameters themselves (`F.linear`) below; a ReLU feed-forward's first
+    of `packed_min_elements()` or more, by the parameters themselves (`F.linear`) below; a ReLU feed-forward's first
     product applies its ReLU in the same call ("fc1_applies_activation")."""
+    min_elements = packed_min_elements()
+
     def product(weight, bias, activation="none"):
-        if weight.numel() < PACKED_MIN_ELEMENTS:
+        if weight.numel() < min_elements:
             return partial(F.linear, weight=weight, bias=bias)
         return PackedLinear(weight, bias, activation)
 
@@ -554,14 +560,15 @@ PACKED_FP32_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def decoding_weights(model) -> DecodingWeights | None:
     """What the loops multiply a decoding step by: the copies the model was given (`model.decoding_weights`: int8,
-    bf16 products), else for an fp32 model on a CPU whose torch can prepack weights the prepacked fp32 copies
-    (`packed_fp32_copies`), made at the first call and again whenever a copied weight has changed since (training,
-    loading others: `weights_state`), else None (the model's own parameters)."""
+    bf16 products), else for an fp32 model on a CPU whose torch can prepack weights, outside autocast, the prepacked
+    fp32 copies (`packed_fp32_copies`), made at the first call and again whenever a copied weight has changed since
+    (training, loading others: `weights_state`), else None (the model's own parameters)."""
     given = getattr(model, "decoding_weights", None)
     if given is not None:
         return given
-    if model.dtype != torch.float32 or model.device.type != "cpu" or not fp32_prepacking_available():
-        return None
+    if (model.dtype != torch.float32 or model.device.type != "cpu" or torch.is_autocast_enabled("cpu")
+            or not fp32_prepacking_available()):
+        return None  # under autocast its products are autocast's, in bf16
     storage, sums = weights_state([*model.lm_head.parameters(), *model.model.decoder.layers.parameters()])
     cached = PACKED_FP32_COPIES.get(model)
     if cached is None or cached[0] != storage or not torch.equal(cached[1], sums):

@@ -353,6 +353,7 @@ def test_bf16_weights_on_a_cpu_attend_in_fp32_from_eight_sources(trained, batch,
         assert torch.equal(tokens, trained.generate(**inputs, **options))
         assert {state.self_keys.dtype for state in states} == {torch.float32}
     states.clear()
+    monkeypatch.setattr(decoding, "packed_min_elements", lambda: 0)  # what an AVX-512 CPU prepacks: every product
     with torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 weights: autocast's choice, no casts of the loops
         trained.generate(**many, **options)
     assert not any(state.attends_in_fp32 for state in states) and states[0].cross_keys.dtype == torch.bfloat16
@@ -514,10 +515,10 @@ needs_prepacking = pytest.mark.skipif(not decoding.fp32_prepacking_available(),
 @needs_prepacking
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_an_fp32_model_decodes_by_prepacked_copies_with_generate_s_tokens(trained, batch, monkeypatch, num_beams):
-    """With every product over PACKED_MIN_ELEMENTS (the tiny model's are all under the real one) the loops multiply
+    """With every product over `packed_min_elements()` (an AVX2 CPU's leaves the tiny model's out) the loops multiply
     by `PackedLinear` copies, fc1 applying the ReLU in its call, and give transformers' generate() tokens."""
     model = copy.deepcopy(trained)
-    monkeypatch.setattr(decoding, "PACKED_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(decoding, "packed_min_elements", lambda: 0)
     calls = []
     original = decoding.PackedLinear.__call__
     monkeypatch.setattr(decoding.PackedLinear, "__call__", lambda product, inputs: calls.append(
@@ -536,7 +537,7 @@ def test_an_fp32_model_decodes_by_prepacked_copies_with_generate_s_tokens(traine
 
 @needs_prepacking
 def test_a_gelu_model_s_prepacked_feed_forward_applies_its_gelu_apart(batch, monkeypatch):
-    monkeypatch.setattr(decoding, "PACKED_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(decoding, "packed_min_elements", lambda: 0)
     torch.manual_seed(0)
     config = ScratchTransformerConfig.from_preset("tiny", vocab_size=60, activation_function="gelu")
     model = ScratchTransformerForConditionalGeneration(config).eval()
@@ -554,7 +555,7 @@ def test_prepacked_copies_are_made_again_when_a_weight_changes(trained, batch, m
     """The copies live with the model between calls (training's validation decodes after every update): the same
     copies while the weights stay, new ones after an in-place update (an optimizer step) or replaced weights."""
     model = copy.deepcopy(trained)
-    monkeypatch.setattr(decoding, "PACKED_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(decoding, "packed_min_elements", lambda: 0)
     options = {"num_beams": 1, "max_new_tokens": 20}
     before = model.generate(**batch, **options)
     copies = decoding.decoding_weights(model)
@@ -583,7 +584,7 @@ def test_prepacked_copies_follow_updates_that_bump_no_version(trained, batch, mo
     from hf_scratch_transformer.training.loop import make_optimizer
 
     model = copy.deepcopy(trained)
-    monkeypatch.setattr(decoding, "PACKED_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(decoding, "packed_min_elements", lambda: 0)
     options = {"num_beams": 1, "max_new_tokens": 20}
     before = model.generate(**batch, **options)
     if update == "train.py's fused Adam":
@@ -598,6 +599,25 @@ def test_prepacked_copies_follow_updates_that_bump_no_version(trained, batch, mo
     after = model.generate(**batch, **options)
     assert torch.equal(after, transformers_generate(model, **batch, **options))
     assert not torch.equal(after, before)
+
+
+@needs_prepacking
+@pytest.mark.parametrize("capability, packed", [("AVX512", True), ("AVX2", False)])
+def test_which_products_are_prepacked_follows_the_cpu_s_vector_units(trained, batch, monkeypatch, capability, packed):
+    """With AVX-512 every product of a step is prepacked, the tiny model's small ones too; with AVX2 only the weights of
+    2**17 elements or more (none of the tiny model's); the tokens stay generate()'s either way."""
+    model = copy.deepcopy(trained)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    ours = model.generate(**batch, num_beams=1, max_new_tokens=20)
+    copies = decoding.decoding_weights(model)
+    weights = [model.lm_head.weight, *(weight for layer in model.model.decoder.layers
+                                       for weight, _ in decoding.step_products(layer).values())]
+    products = [copies.output_projection, *(layer[name] for layer, decoder_layer in
+                                            zip(copies.decoder_layers, model.model.decoder.layers)
+                                            for name in decoding.step_products(decoder_layer))]
+    assert len(products) == len(weights) and max(weight.numel() for weight in weights) < 2**17
+    assert [isinstance(product, decoding.PackedLinear) for product in products] == [packed] * len(products)
+    assert torch.equal(ours, transformers_generate(model, **batch, num_beams=1, max_new_tokens=20))
 
 
 @needs_prepacking
@@ -649,7 +669,7 @@ def test_a_model_that_decoded_by_prepacked_copies_still_copies_and_pickles(train
     model = type(trained)(trained.config).eval()
     model.load_state_dict(trained.state_dict())
     model.generation_config = copy.deepcopy(trained.generation_config)
-    monkeypatch.setattr(decoding, "PACKED_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(decoding, "packed_min_elements", lambda: 0)
     options = {"num_beams": 1, "max_new_tokens": 20}
     tokens = model.generate(**batch, **options)
     assert isinstance(decoding.decoding_weights(model).output_projection, decoding.PackedLinear)

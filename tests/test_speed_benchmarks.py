@@ -504,7 +504,7 @@ def test_fp32_prepacked_products_times_both_variants_and_decodes_with_and_withou
     threshold is lowered) and once on the parameters, and the script checks their tokens."""
     from fp32_prepacked_products import main
 
-    monkeypatch.setattr(decoding, "PACKED_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(decoding, "packed_min_elements", lambda: 0)
     packed_rows = []
     packed_call = decoding.PackedLinear.__call__
     monkeypatch.setattr(decoding.PackedLinear, "__call__", lambda product, x: packed_rows.append(
