@@ -136,3 +136,23 @@ def test_a_run_masks_shared_spans_and_its_model_and_evaluation_protect_them(tmp_
     assert not tokenizer_has_sentinels(AutoTokenizer.from_pretrained(tmp_path / "plain"))
     report = json.loads((tmp_path / "plain" / "train_results.json").read_text())
     assert report["filtered"]["train"]["masked"] == 0 and report["recipe"]["mask_protected_spans"] is False
+
+
+def test_a_run_s_scores_are_those_of_the_model_it_saved(tmp_path, monkeypatch):
+    """Validation during training and the test decoding at its end decode with the weights as trained so far, also
+    through the fp32 loops' prepacked copies (made at the first validation, forced here for the tiny model's products
+    as a CPU with AVX-512 makes them), which train.py's fused Adam then updates in place without bumping a version:
+    the saved model, evaluated on its own, scores and translates the same."""
+    from hf_scratch_transformer import decoding
+
+    monkeypatch.setattr(decoding, "packed_min_elements", lambda: 0)
+    trained = run_tiny(tmp_path / "run", max_steps=16, eval_steps=8, save_steps=8, learning_rate=3e-3, cpu_threads=1)
+    evaluated = run_tiny(tmp_path / "evaluated", model_name_or_path=str(tmp_path / "run"), preset=None,
+                         max_position_embeddings=None, tokenizer_vocab_size=None, do_eval=True, do_predict=True,
+                         cpu_threads=1)
+    assert "train_steps" not in evaluated
+    for name in ("eval_loss", "eval_bleu", "predict_bleu", "predict_bleu_greedy"):
+        assert trained[name] == evaluated[name], name
+    predictions = [(tmp_path / run / "generated_predictions.txt").read_text(encoding="utf-8")
+                   for run in ("run", "evaluated")]
+    assert predictions[0] == predictions[1] and len(set(predictions[0].splitlines())) > 1
