@@ -52,8 +52,6 @@ from hf_scratch_transformer.cpu_threads import cpu_bf16_units
 from hf_scratch_transformer.training.flops import PRECISION_DTYPES, matmul_flops, matmul_weights_per_token
 from hf_scratch_transformer.training.loss import teacher_forced_loss
 
-hf_logging.set_verbosity_error()
-
 
 # ------------------------------------------------------------------------------------------------ utilities
 def measure_matmul_peak(quick: bool, precision: str = "fp32") -> dict:
@@ -651,6 +649,7 @@ def parse_arguments(argv=None):
 
 
 def main():
+    hf_logging.set_verbosity_error()  # here, not at import: the tests import this script beside others
     args = parse_arguments()
     if args._ct2_worker:
         preset, seed, threads, path, n, reps, warm = args._ct2_worker

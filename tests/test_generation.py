@@ -80,17 +80,21 @@ def test_compiled_static_decoding_gives_the_tokens_of_the_dynamic_cache(trained,
 
 @pytest.fixture
 def transformers_warnings(caplog):
-    """transformers' warnings as caplog records: its loggers do not propagate by default, and `warning_once`
-    remembers messages already given in this process (which would hide them from this test)."""
+    """transformers' warnings as caplog records: its loggers do not propagate by default, `warning_once`
+    remembers messages already given in this process (which would hide them from this test), and whatever ran
+    before may have lowered its verbosity (a script's `set_verbosity_error`)."""
     from transformers.utils import logging as transformers_logging
 
+    verbosity = transformers_logging.get_verbosity()
     transformers_logging.warning_once.cache_clear()
+    transformers_logging.set_verbosity_warning()
     transformers_logging.enable_propagation()
     try:
         with caplog.at_level(logging.WARNING):
             yield caplog
     finally:
         transformers_logging.disable_propagation()
+        transformers_logging.set_verbosity(verbosity)
 
 
 def test_generate_with_the_saved_generation_config_does_not_warn(saved_dir, tiny_tokenizer, pairs, recwarn,
