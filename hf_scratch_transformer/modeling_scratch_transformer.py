@@ -18,7 +18,6 @@ training batch skips its padding (`RealPositions`): then the stacks carry the N 
 
 import math
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import Unpack
 
 import torch
@@ -141,9 +140,38 @@ def eager_attention_forward(
     scores = torch.matmul(query, key.transpose(-2, -1)) * scaling  # (B, H, T, K)
     if attention_mask is not None:
         scores = scores + attention_mask[..., : key.shape[-2]]
-    weights = scores.softmax(dim=-1)
-    output = torch.matmul(F.dropout(weights, p=dropout, training=module.training), value)  # (B, H, T, Dh)
+    weights = scores.softmax(dim=-1)  # in fp32 where a bf16 product's scores met an fp32 mask
+    weights_dropped = F.dropout(weights, p=dropout, training=module.training).to(value.dtype)
+    output = torch.matmul(weights_dropped, value)  # (B, H, T, Dh)
     return output.transpose(1, 2).contiguous(), weights
+
+
+def additive_mask(mask: torch.Tensor | None, is_causal: bool, query: torch.Tensor,
+                  key: torch.Tensor) -> torch.Tensor | None:
+    """An "sdpa" mask as `eager_attention_forward` adds it to the scores: (B or 1, 1, T, K), fp32.
+
+    sdpa's masks are boolean (True: may attend) or already additive; None is no mask or, for a causal attention over
+    several queries, the causal mask sdpa's kernel applies itself (query i sees keys 0 to i)."""
+    if mask is None:
+        queries, keys = query.shape[-2], key.shape[-2]
+        if not (is_causal and queries > 1):
+            return None
+        mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)[None, None]
+    if mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, device=query.device).masked_fill_(~mask, torch.finfo(torch.float32).min)
+
+
+def cpu_bf16_training_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
+                                **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of a bf16 training step on a CPU: `eager_attention_forward`, its products in bf16, with the mask the
+    "sdpa" or "eager" implementation was given. torch's CPU kernel of scaled_dot_product_attention runs its backward
+    5-6x slower in bf16 than in fp32 (torch 2.13: benchmarks/results/attention_bf16_cpu.md), and in fp32 it took 15 %
+    of a step; written out, train.py's loop ran 1.10x as fast (benchmarks/results/training_attention_amd_tcmalloc.md).
+    """
+    mask = additive_mask(attention_mask, module.is_causal, query, key)
+    return eager_attention_forward(module, query, key, value, mask, scaling, dropout)
 
 
 class MultiHeadAttention(nn.Module):
@@ -216,23 +244,16 @@ class MultiHeadAttention(nn.Module):
                 if self.is_cross_attention:
                     cache.is_updated[self.layer_idx] = True
 
-        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        dtype = query.dtype
-        in_fp32 = dtype == torch.bfloat16 and query.is_cpu and torch.is_grad_enabled()
-        if in_fp32:
-            # torch's CPU kernel of scaled_dot_product_attention runs its backward 5-6x slower in bf16 than in fp32
-            # (torch 2.13; benchmarks/results/attention_bf16_cpu.md): when training in bf16 on a CPU, attend in fp32
-            # (autocast, which would cast the inputs back to bf16, is paused for the call). The formula written out
-            # with bf16 products trained no faster in train.py's loop (benchmarks/results/training_attention.md).
-            query, key, value = query.float(), key.float(), value.float()
-        with torch.autocast("cpu", enabled=False) if in_fp32 else nullcontext():
-            output, weights = attention(
-                self, query, key, value, attention_mask,
-                dropout=self.dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
-            )  # (B, T, H, Dh)
-        output = output.to(dtype).reshape(batch_size, length, -1)  # (B, T, D)
+        implementation = self.config._attn_implementation
+        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        if (query.dtype == torch.bfloat16 and query.is_cpu and torch.is_grad_enabled()
+                and implementation in ("sdpa", "eager")):
+            attention = cpu_bf16_training_attention
+        output, weights = attention(
+            self, query, key, value, attention_mask,
+            dropout=self.dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
+        )  # (B, T, H, Dh)
+        output = output.reshape(batch_size, length, -1)  # (B, T, D)
         return self.out_proj(positions.remove(output) if positions is not None else output), weights
 
 

@@ -403,19 +403,57 @@ class _AttentionDtypes(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_bf16_training_on_a_cpu_attends_in_fp32_and_bf16_inference_in_bf16(tiny_config):
-    """torch's CPU attention kernel is 5-6x slower backwards in bf16: under bf16 autocast a training forward attends
-    in fp32 (and its loss stays that of the model), inference keeps bf16."""
+def test_bf16_training_on_a_cpu_writes_attention_out_in_bf16_and_inference_keeps_sdpa(tiny_config, monkeypatch):
+    """torch's CPU attention kernel is 5-6x slower backwards in bf16 (and slow in fp32 at a training batch's
+    lengths): under bf16 autocast a training forward attends with the formula written out, its products in bf16, and
+    its loss stays that of the fp32 model; inference keeps the kernel, in bf16."""
     model = ScratchTransformerForConditionalGeneration(tiny_config)
     source, labels = torch.randint(4, 99, (3, 7)), torch.randint(4, 99, (3, 5))
+    written_out, formula = [], modeling.cpu_bf16_training_attention
+
+    def counted(module, query, key, value, *args, **kwargs):
+        written_out.append((query.dtype, key.dtype, value.dtype))
+        return formula(module, query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(modeling, "cpu_bf16_training_attention", counted)
     with _AttentionDtypes() as training, torch.autocast("cpu", dtype=torch.bfloat16):
         loss = model(input_ids=source, labels=labels).loss
     loss.backward()
     with _AttentionDtypes() as inference, torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         model(input_ids=source, labels=labels)
     layers = tiny_config.encoder_layers + 2 * tiny_config.decoder_layers
-    assert training.seen == [torch.float32] * layers and inference.seen == [torch.bfloat16] * layers
+    assert training.seen == [] and written_out == [(torch.bfloat16,) * 3] * layers
+    assert inference.seen == [torch.bfloat16] * layers and len(written_out) == layers
     assert model.model.encoder.layers[0].self_attn.q_proj.weight.grad is not None
     with torch.no_grad():
         reference = model(input_ids=source, labels=labels).loss
     assert abs(loss.item() - reference.item()) < 0.05  # bf16 rounding only
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_bf16_training_on_a_cpu_keeps_the_masks_of_the_attention_implementation(tiny_config, implementation):
+    """The written-out attention of bf16 training computes what the fp32 model computes: with a padded source and a
+    decoder input without padding (sdpa gets no causal mask then), a padded position and a later target token change
+    nothing, and the loss is the fp32 model's to bf16 rounding."""
+    model = ScratchTransformerForConditionalGeneration(tiny_config)
+    model.set_attn_implementation(implementation)
+    source, labels = torch.randint(4, 99, (3, 7)), torch.randint(4, 99, (3, 5))
+    source_mask = torch.ones_like(source)
+    source_mask[0, 5:] = 0
+    decoder_input = model.prepare_decoder_input_ids_from_labels(labels)
+    later, padding = decoder_input.clone(), source.clone()
+    later[:, -1], padding[0, 5:] = 98, 97
+
+    def logits(input_ids, decoder_input_ids):
+        return model(input_ids=input_ids, attention_mask=source_mask, decoder_input_ids=decoder_input_ids).logits
+
+    with torch.no_grad():
+        reference = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
+        before, after_later, after_padding = logits(source, decoder_input), logits(source, later), logits(
+            padding, decoder_input)
+    assert before.requires_grad  # the training path, not inference's
+    assert torch.equal(after_later[:, :-1], before[:, :-1]) and not torch.equal(after_later, before)
+    assert torch.equal(after_padding, before)
+    assert abs(loss.item() - reference.item()) < 0.05 and loss.item() != reference.item()
