@@ -140,9 +140,8 @@ def eager_attention_forward(
     scores = torch.matmul(query, key.transpose(-2, -1)) * scaling  # (B, H, T, K)
     if attention_mask is not None:
         scores = scores + attention_mask[..., : key.shape[-2]]
-    weights = scores.softmax(dim=-1)  # in fp32 where a bf16 product's scores met an fp32 mask
-    weights_dropped = F.dropout(weights, p=dropout, training=module.training).to(value.dtype)
-    output = torch.matmul(weights_dropped, value)  # (B, H, T, Dh)
+    weights = scores.softmax(dim=-1)
+    output = torch.matmul(F.dropout(weights, p=dropout, training=module.training), value)  # (B, H, T, Dh)
     return output.transpose(1, 2).contiguous(), weights
 
 
@@ -165,13 +164,21 @@ def additive_mask(mask: torch.Tensor | None, is_causal: bool, query: torch.Tenso
 def cpu_bf16_training_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                 attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
                                 **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of a bf16 training step on a CPU: `eager_attention_forward`, its products in bf16, with the mask the
-    "sdpa" or "eager" implementation was given. torch's CPU kernel of scaled_dot_product_attention runs its backward
-    5-6x slower in bf16 than in fp32 (torch 2.13: benchmarks/results/attention_bf16_cpu.md), and in fp32 it took 15 %
-    of a step; written out, train.py's loop ran 1.10x as fast (benchmarks/results/training_attention_amd_tcmalloc.md).
+    """The attention of a bf16 training step on a CPU, written out as `eager_attention_forward` is, on the mask the
+    "sdpa" or "eager" implementation was given: the scores and softmax in fp32 (the bf16 query and key cast, as
+    torch's kernel would take them in fp32), the weights and values multiplied in bf16 (as flash attention does on a
+    GPU). query (B, H, T, Dh), key and value (B, H, K, Dh) -> output (B, T, H, Dh) in bf16, weights (B, H, T, K).
+
+    torch's CPU kernel of scaled_dot_product_attention runs its backward 5-6x slower in bf16 than in fp32 (torch 2.13:
+    benchmarks/results/attention_bf16_cpu.md), and in fp32 it took 15 % of a step at a training batch's lengths.
     """
-    mask = additive_mask(attention_mask, module.is_causal, query, key)
-    return eager_attention_forward(module, query, key, value, mask, scaling, dropout)
+    with torch.autocast("cpu", enabled=False):
+        scores = torch.matmul(query.float(), key.float().transpose(-2, -1)) * scaling  # (B, H, T, K)
+        mask = additive_mask(attention_mask, module.is_causal, query, key)
+        weights = (scores + mask[..., : key.shape[-2]] if mask is not None else scores).softmax(dim=-1)
+        dropped = F.dropout(weights, p=dropout, training=module.training).to(torch.bfloat16)
+        output = torch.matmul(dropped, value.to(torch.bfloat16))  # (B, H, T, Dh)
+    return output.transpose(1, 2).contiguous(), weights
 
 
 class MultiHeadAttention(nn.Module):
