@@ -334,29 +334,36 @@ def test_training_loss_alternates_train_py_s_loss_and_the_model_s_own_in_train_p
 
 def test_training_attention_alternates_the_written_out_formula_and_sdpa_in_fp32_in_bf16_train_py_runs(tmp_path,
                                                                                                      monkeypatch):
-    """Tiny bf16 train.py runs through the benchmark: each round runs both variants, the written-out formula really in
-    its runs only (counted: 3 attentions a layer, bf16 products), from the same first loss to bf16 rounding, and the
-    model gets its own attention back after the runs."""
+    """Tiny bf16 train.py runs through the benchmark: each round runs both variants, the model's written-out attention
+    in its runs only and torch's kernel in fp32 in the others' (counted: 3 attentions a layer), from the same first
+    loss to bf16 rounding, and the model gets its own attention back after the runs."""
     import training_attention
 
-    from hf_scratch_transformer.modeling_scratch_transformer import MultiHeadAttention
+    from hf_scratch_transformer import modeling_scratch_transformer as modeling
 
-    forward, formula, calls = MultiHeadAttention.forward, training_attention.eager_attention_forward, []
+    formula, kernel, calls = modeling.cpu_bf16_training_attention, training_attention.sdpa_attention_forward, []
 
-    def counted(module, query, *args, **kwargs):
-        calls.append(query.dtype)
+    def counted_formula(module, query, *args, **kwargs):
+        calls.append(("formula", query.dtype))
         return formula(module, query, *args, **kwargs)
 
-    monkeypatch.setattr(training_attention, "eager_attention_forward", counted)
+    def counted_kernel(module, query, *args, **kwargs):
+        calls.append(("kernel", query.dtype))
+        return kernel(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(modeling, "cpu_bf16_training_attention", counted_formula)
+    monkeypatch.setattr(training_attention, "sdpa_attention_forward", counted_kernel)
     threads = torch.get_num_threads()
     results = training_attention.main(["--in_process", "--steps", "4", "--warmup", "1", "--rounds", "2",
                                        "--cpu_threads", "1", "--output", str(tmp_path / "a.json"), "--bf16", "true",
                                        "--preset", "tiny", "--max_train_samples", "400", "--tokenizer_vocab_size",
                                        "600"])
     torch.set_num_threads(threads)
-    assert MultiHeadAttention.forward is forward
+    assert modeling.cpu_bf16_training_attention is counted_formula
     layers = 2 + 2 * 2  # tiny: 2 encoder layers, 2 decoder layers (self- and cross-attention)
-    assert calls == [torch.bfloat16] * (layers * 4 * 2)  # 4 batches a run, 2 runs of the written-out formula
+    run = layers * 4  # 4 batches a run
+    formula_run, kernel_run = [("formula", torch.bfloat16)] * run, [("kernel", torch.float32)] * run
+    assert calls == formula_run + kernel_run + kernel_run + formula_run  # round 1 in order, round 2 reversed
     names = list(training_attention.VARIANTS)
     assert [list(row) for row in results["rounds"]] == [names, names[::-1]]
     for row in results["rounds"]:
@@ -365,10 +372,10 @@ def test_training_attention_alternates_the_written_out_formula_and_sdpa_in_fp32_
     assert len(results["summary"]["speedups"]) == 2 and "median" in (tmp_path / "a.md").read_text()
 
 
-def test_training_attentions_written_out_variant_keeps_sdpas_masks(tiny_config):
-    """The tried variant computes what the model computes: under bf16 autocast, with a padded source and a decoder
-    input without padding (sdpa gets no causal mask then), a padded position and a later target token change nothing
-    and the loss is the model's to bf16 rounding."""
+def test_training_attentions_kernel_variant_computes_what_the_model_computes(tiny_config):
+    """The variant the benchmark measures against attends as the model does: under bf16 autocast, with a padded source
+    and a decoder input without padding (sdpa gets no causal mask then), a padded position and a later target token
+    change nothing, and the loss is the model's to bf16 rounding."""
     import training_attention
 
     from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
@@ -386,7 +393,7 @@ def test_training_attentions_written_out_variant_keeps_sdpas_masks(tiny_config):
 
     with torch.autocast("cpu", dtype=torch.bfloat16):
         reference = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
-        with training_attention.written_out():
+        with training_attention.sdpa_kernel_in_fp32():
             loss = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
             before, after_later, after_padding = logits(source, decoder_input), logits(source, later), logits(
                 padding, decoder_input)
