@@ -170,7 +170,9 @@ def cpu_bf16_training_attention(module: nn.Module, query: torch.Tensor, key: tor
     GPU). query (B, H, T, Dh), key and value (B, H, K, Dh) -> output (B, T, H, Dh) in bf16, weights (B, H, T, K).
 
     torch's CPU kernel of scaled_dot_product_attention runs its backward 5-6x slower in bf16 than in fp32 (torch 2.13:
-    benchmarks/results/attention_bf16_cpu.md), and in fp32 it took 15 % of a step at a training batch's lengths.
+    benchmarks/results/attention_bf16_cpu.md), and in fp32 it took 15 % of a step at a training batch's lengths;
+    written out, train.py's loop ran 1.08x as fast (benchmarks/results/training_attention_amd_tcmalloc.md). Scores in
+    bf16 too were faster still, but scored lower in earlier default runs (docs/training.md#flops-and-mfu).
     """
     with torch.autocast("cpu", enabled=False):
         scores = torch.matmul(query.float(), key.float().transpose(-2, -1)) * scaling  # (B, H, T, K)
@@ -255,7 +257,7 @@ class MultiHeadAttention(nn.Module):
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         if (query.dtype == torch.bfloat16 and query.is_cpu and torch.is_grad_enabled()
                 and implementation in ("sdpa", "eager")):
-            attention = cpu_bf16_training_attention
+            attention = cpu_bf16_training_attention  # where torch's kernel is slow: a CPU, bf16, a backward to come
         output, weights = attention(
             self, query, key, value, attention_mask,
             dropout=self.dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
