@@ -126,6 +126,34 @@ def train_tiny_model(steps: int = 100, seed: int = 0, lr: float = 3e-3):
     return model, tokenizer
 
 
+def attention_mask_probe(model) -> dict:
+    """One tiny batch through `model` in the caller's context (autocast, gradients), the same batch on every call: its
+    loss, and its logits as they are, with the last target token changed and with a padded source position changed.
+    Row 0's source is padded after 5 tokens; the decoder input has no padding (sdpa gets no causal mask then)."""
+    generator = torch.Generator().manual_seed(0)
+    source = torch.randint(4, 99, (3, 7), generator=generator)
+    labels = torch.randint(4, 99, (3, 5), generator=generator)
+    source_mask = torch.ones_like(source)
+    source_mask[0, 5:] = 0
+    decoder_input = model.prepare_decoder_input_ids_from_labels(labels)
+    later, padding = decoder_input.clone(), source.clone()
+    later[:, -1], padding[0, 5:] = 98, 97
+
+    def logits(input_ids, decoder_input_ids):
+        return model(input_ids=input_ids, attention_mask=source_mask, decoder_input_ids=decoder_input_ids).logits
+
+    return {"loss": model(input_ids=source, attention_mask=source_mask, labels=labels).loss,
+            "logits": logits(source, decoder_input), "later_token": logits(source, later),
+            "padded_position": logits(padding, decoder_input)}
+
+
+def assert_the_masks_hide_what_they_must(probe: dict) -> None:
+    """A later target token changes only its own position's logits; a padded source position changes none."""
+    before, later = probe["logits"], probe["later_token"]
+    assert torch.equal(later[:, :-1], before[:, :-1]) and not torch.equal(later, before)
+    assert torch.equal(probe["padded_position"], before)
+
+
 def tiny_run_flags(output_dir, **overrides) -> list[str]:
     """train.py flags of a tiny run: ~400 training pairs, small vocabulary, short evaluation; finishes in seconds.
     A value of None drops the flag, True gives it without a value. fp32 is pinned, so that a run is the same on

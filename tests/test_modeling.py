@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoModelForSeq2SeqLM
+from helpers import assert_the_masks_hide_what_they_must, attention_mask_probe
 
 from hf_scratch_transformer import (
     ScratchTransformerConfig,
@@ -437,23 +438,11 @@ def test_bf16_training_on_a_cpu_keeps_the_masks_of_the_attention_implementation(
     nothing, and the loss is the fp32 model's to bf16 rounding."""
     model = ScratchTransformerForConditionalGeneration(tiny_config)
     model.set_attn_implementation(implementation)
-    source, labels = torch.randint(4, 99, (3, 7)), torch.randint(4, 99, (3, 5))
-    source_mask = torch.ones_like(source)
-    source_mask[0, 5:] = 0
-    decoder_input = model.prepare_decoder_input_ids_from_labels(labels)
-    later, padding = decoder_input.clone(), source.clone()
-    later[:, -1], padding[0, 5:] = 98, 97
-
-    def logits(input_ids, decoder_input_ids):
-        return model(input_ids=input_ids, attention_mask=source_mask, decoder_input_ids=decoder_input_ids).logits
-
     with torch.no_grad():
-        reference = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
+        reference = attention_mask_probe(model)["loss"]
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
-        before, after_later, after_padding = logits(source, decoder_input), logits(source, later), logits(
-            padding, decoder_input)
-    assert before.requires_grad  # the training path, not inference's
-    assert torch.equal(after_later[:, :-1], before[:, :-1]) and not torch.equal(after_later, before)
-    assert torch.equal(after_padding, before)
+        probe = attention_mask_probe(model)
+    assert probe["logits"].requires_grad  # the training path, not inference's
+    assert_the_masks_hide_what_they_must(probe)
+    loss = probe["loss"]
     assert abs(loss.item() - reference.item()) < 0.05 and loss.item() != reference.item()

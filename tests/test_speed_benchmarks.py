@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from helpers import assert_the_masks_hide_what_they_must, attention_mask_probe
 
 from hf_scratch_transformer import ScratchTransformerConfig, ScratchTransformerForConditionalGeneration, cpu_threads, decoding
 
@@ -381,24 +382,12 @@ def test_training_attentions_kernel_variant_computes_what_the_model_computes(tin
     from hf_scratch_transformer import ScratchTransformerForConditionalGeneration
 
     model = ScratchTransformerForConditionalGeneration(tiny_config)
-    source, labels = torch.randint(4, 99, (3, 7)), torch.randint(4, 99, (3, 5))
-    source_mask = torch.ones_like(source)
-    source_mask[0, 5:] = 0
-    decoder_input = model.prepare_decoder_input_ids_from_labels(labels)
-    later, padding = decoder_input.clone(), source.clone()
-    later[:, -1], padding[0, 5:] = 98, 97
-
-    def logits(input_ids, decoder_input_ids):
-        return model(input_ids=input_ids, attention_mask=source_mask, decoder_input_ids=decoder_input_ids).logits
-
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        reference = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
+        reference = attention_mask_probe(model)["loss"]
         with training_attention.sdpa_kernel_in_fp32():
-            loss = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
-            before, after_later, after_padding = logits(source, decoder_input), logits(source, later), logits(
-                padding, decoder_input)
-    assert torch.equal(after_later[:, :-1], before[:, :-1]) and not torch.equal(after_later, before)
-    assert torch.equal(after_padding, before)
+            probe = attention_mask_probe(model)
+    assert_the_masks_hide_what_they_must(probe)
+    loss = probe["loss"]
     assert abs(loss.item() - reference.item()) < 0.05 and loss.item() != reference.item()
 
 
