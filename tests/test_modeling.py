@@ -392,22 +392,26 @@ def test_tiny_model_overfits_pairs_and_generate_reproduces_them(pairs, tiny_toke
 
 
 class _AttentionDtypes(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records the dtype of the query of every CPU scaled-dot-product-attention kernel that runs."""
+    """Records the dtype of the query of every CPU scaled-dot-product-attention kernel that runs, and the dtypes of
+    the operands of every batched product (in a forward, only attention's)."""
 
     def __init__(self):
         super().__init__()
-        self.seen = []
+        self.seen, self.batched_products = [], []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if "scaled_dot_product" in func.__name__ and "backward" not in func.__name__:
             self.seen.append(args[0].dtype)
+        if func is torch.ops.aten.bmm.default:
+            self.batched_products.append((args[0].dtype, args[1].dtype))
         return func(*args, **(kwargs or {}))
 
 
 def test_bf16_training_on_a_cpu_writes_attention_out_in_bf16_and_inference_keeps_sdpa(tiny_config, monkeypatch):
     """torch's CPU attention kernel is 5-6x slower backwards in bf16 (and slow in fp32 at a training batch's
-    lengths): under bf16 autocast a training forward attends with the formula written out, its products in bf16, and
-    its loss stays that of the fp32 model; inference keeps the kernel, in bf16."""
+    lengths): under bf16 autocast a training forward attends with the formula written out, its scores in fp32 and the
+    weights-by-values product in bf16, and its loss stays that of the fp32 model; inference keeps the kernel, in
+    bf16."""
     model = ScratchTransformerForConditionalGeneration(tiny_config)
     source, labels = torch.randint(4, 99, (3, 7)), torch.randint(4, 99, (3, 5))
     written_out, formula = [], modeling.cpu_bf16_training_attention
@@ -424,6 +428,9 @@ def test_bf16_training_on_a_cpu_writes_attention_out_in_bf16_and_inference_keeps
         model(input_ids=source, labels=labels)
     layers = tiny_config.encoder_layers + 2 * tiny_config.decoder_layers
     assert training.seen == [] and written_out == [(torch.bfloat16,) * 3] * layers
+    # Each attention: the scores in fp32, the weights by the values in bf16.
+    fp32, bf16 = (torch.float32,) * 2, (torch.bfloat16,) * 2
+    assert training.batched_products == [fp32, bf16] * layers and inference.batched_products == []
     assert inference.seen == [torch.bfloat16] * layers and len(written_out) == layers
     assert model.model.encoder.layers[0].self_attn.q_proj.weight.grad is not None
     with torch.no_grad():
