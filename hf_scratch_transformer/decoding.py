@@ -8,8 +8,8 @@ the self-attention keys and values of each new token are written into buffers al
 each step computes each layer's sublayers with `F.linear` / `F.layer_norm` on the layer's own parameters (pre- and
 post-norm alike) and `scaled_dot_product_attention`, as the model's default "sdpa" attention does; an fp32 model on a
 CPU multiplies by copies of its large products prepacked for oneDNN (`PackedLinear`, `decoding_weights`): the same
-products, by oneDNN's kernels. The encoder, and the projection of each layer's cross-attention keys and values,
-compute nothing at the sources' padding. A model given int8 copies of its decoder's weights (`quantize_for_decoding`) computes the steps' matrix products in int8 (and may
+products, by oneDNN's kernels. The encoder computes nothing at the sources' padding. A model given
+int8 copies of its decoder's weights (`quantize_for_decoding`) computes the steps' matrix products in int8 (and may
 run its encoder in bf16); one given bf16 copies (`bf16_products_for_decoding`) computes them, and the cross-attention
 keys and values, in bf16 where a product has rows enough for its size to pay, in fp32 where it has few. From a few
 sources on a CPU, cross-attention is two batched products instead of the fused kernel
@@ -153,14 +153,6 @@ def search(model, call: DecodingCall, max_new_tokens: torch.Tensor | None = None
                        early_stopping=call.early_stopping, num_return_sequences=call.num_return_sequences)
 
 
-def real_source_positions(attention_mask: torch.Tensor) -> RealPositions | None:
-    """The sources' real positions (the model's `RealPositions`), at which alone each layer projects its
-    cross-attention keys and values; None when the batch has no padding."""
-    from .modeling_scratch_transformer import RealPositions  # (the model module imports this one)
-
-    return None if bool(attention_mask.all()) else RealPositions(attention_mask.bool())
-
-
 def encode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
            copies: DecodingWeights | None) -> torch.Tensor:
     """The encoder's output (B, S, D): from the model's encoder, or from the decoding copies' encoder in another dtype
@@ -195,9 +187,7 @@ def greedy_search(
     encoder_output = encode(model, input_ids, attention_mask, copies)
     # the encoder mask for every query (B, 1, 1, S), True where a source token may be attended; None without padding
     source_mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
-    real_sources = real_source_positions(attention_mask)
-    layers = [LayerState(layer, encoder_output, steps, products=copies and copies.decoder_layers[index],
-                         real_sources=real_sources)
+    layers = [LayerState(layer, encoder_output, steps, products=copies and copies.decoder_layers[index])
               for index, layer in enumerate(decoder.layers)]
     output_projection = copies.output_projection if copies else model.lm_head
     end_tokens = torch.tensor(eos_token_ids, device=device, dtype=torch.long)
@@ -281,9 +271,7 @@ def beam_search(
     copies = decoding_weights(model)
     encoder_output = encode(model, input_ids, attention_mask, copies)
     source_mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
-    real_sources = real_source_positions(attention_mask)
-    layers = [LayerState(layer, encoder_output, steps, num_beams, products=copies and copies.decoder_layers[index],
-                         real_sources=real_sources)
+    layers = [LayerState(layer, encoder_output, steps, num_beams, products=copies and copies.decoder_layers[index])
               for index, layer in enumerate(decoder.layers)]
     output_projection = copies.output_projection if copies else model.lm_head
     beams = Beams(batch_size, num_beams, steps, bounds, eos_token_ids, pad_token_id, decoder_start_token_id,
@@ -669,9 +657,8 @@ FP32_ATTENTION_MIN_SOURCES = 8
 
 class LayerState:
     """One decoder layer during greedy or beam search: its weights, its cross-attention keys/values (B, H, S, Dh;
-    the keys (B, H, Dh, S) when `cross_attends_by_bmm`) projected once, at the `real_sources` positions when given
-    (zeros at the padding), and its self-attention keys/values (B·K, H, N, Dh), filled one position per step (K beams;
-    1 in greedy search).
+    the keys (B, H, Dh, S) when `cross_attends_by_bmm`) projected once, and its self-attention keys/values (B·K, H, N, Dh), filled one position per step (K beams; 1 in
+    greedy search).
 
     The step computes what the layer's forward computes in eval mode (post- or pre-norm, its activation) with
     `F.linear` / `F.layer_norm` on the layer's own parameters: calling the modules costs more than their arithmetic
@@ -681,8 +668,7 @@ class LayerState:
     """
 
     def __init__(self, layer, encoder_output: torch.Tensor, steps: int, beams: int = 1,
-                 products: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None,
-                 real_sources: RealPositions | None = None):
+                 products: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None):
         self_attention = layer.self_attn
         self.pre_norm = layer.normalize_before
         self.heads, self.head_dim = self_attention.num_heads, self_attention.head_dim
@@ -706,15 +692,11 @@ class LayerState:
         self.attends_in_fp32 = (encoder_output.dtype == torch.bfloat16 and encoder_output.is_cpu
                                 and encoder_output.shape[0] >= FP32_ATTENTION_MIN_SOURCES)
         cross_attention = layer.cross_attn
-        # projected at the real source positions only (N rows of B·S), zeros at the padding, which the mask hides
-        sources = encoder_output if real_sources is None else real_sources.remove(encoder_output)
-        if "cross_key_value" in products:  # the copies' product of keys and values at once
-            keys, values = products["cross_key_value"](sources).chunk(2, dim=-1)
+        if "cross_key_value" in products:  # the copies' product of keys and values at once (B·S rows)
+            keys, values = products["cross_key_value"](encoder_output).chunk(2, dim=-1)
         else:
-            keys = F.linear(sources, cross_attention.k_proj.weight, cross_attention.k_proj.bias)
-            values = F.linear(sources, cross_attention.v_proj.weight, cross_attention.v_proj.bias)
-        if real_sources is not None:
-            keys, values = real_sources.restore(keys), real_sources.restore(values)
+            keys = F.linear(encoder_output, cross_attention.k_proj.weight, cross_attention.k_proj.bias)
+            values = F.linear(encoder_output, cross_attention.v_proj.weight, cross_attention.v_proj.bias)
         self.cross_keys = self.attention_input(self.split_heads(keys))
         self.cross_values = self.attention_input(self.split_heads(values))
         self.cross_attends_by_bmm = (encoder_output.is_cpu
