@@ -657,8 +657,8 @@ FP32_ATTENTION_MIN_SOURCES = 8
 
 class LayerState:
     """One decoder layer during greedy or beam search: its weights, its cross-attention keys/values (B, H, S, Dh;
-    the keys (B, H, Dh, S) when `cross_attends_by_bmm`) projected once, and its self-attention keys/values (B·K, H, N, Dh), filled one position per step (K beams; 1 in
-    greedy search).
+    the keys (B, H, Dh, S) when `cross_attends_by_bmm`) projected once, and its self-attention keys/values
+    (B·K, H, N, Dh), filled one position per step (K beams; 1 in greedy search).
 
     The step computes what the layer's forward computes in eval mode (post- or pre-norm, its activation) with
     `F.linear` / `F.layer_norm` on the layer's own parameters: calling the modules costs more than their arithmetic
